@@ -1,0 +1,28 @@
+"""Checkers for every exercise of the course, and a registry the grader looks them up in.
+
+A notebook test cell calls `check_<exercise>(learner_function)`; the grader finds the
+same checker by name in REGISTRY and judges the learner's outputs in its own process.
+"""
+
+from .core import Case, Checker, CheckFailed, Mistake, Verdict, describe_difference
+from . import ch01, ch02
+
+CHAPTER_MODULES = [ch01, ch02]
+
+REGISTRY: dict[str, Checker] = {}
+for _module in CHAPTER_MODULES:
+    for _checker in _module.CHECKERS:
+        if _checker.name in REGISTRY:
+            raise RuntimeError(f"two checkers are named {_checker.name!r}")
+        REGISTRY[_checker.name] = _checker
+
+
+def get_checker(name: str) -> Checker:
+    """The checker for an exercise, by its name or by its test-cell alias `check_<name>`."""
+    key = name.removeprefix("check_")
+    if key not in REGISTRY:
+        raise KeyError(f"no checker named {name!r}; known: {sorted(REGISTRY)}")
+    return REGISTRY[key]
+
+
+__all__ = ["Case", "Checker", "CheckFailed", "Mistake", "Verdict", "describe_difference", "REGISTRY", "get_checker"]

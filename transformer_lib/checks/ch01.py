@@ -1,0 +1,3 @@
+"""Checkers for chapter ch01 (being written)."""
+
+CHECKERS = []

@@ -1,0 +1,3 @@
+"""Checkers for chapter ch02 (being written)."""
+
+CHECKERS = []
