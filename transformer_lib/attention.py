@@ -92,11 +92,26 @@ def scaled_dot_product_attention(q, k, v, mask=None, dropout_p=0.0, scale=None):
     return output, weights
 
 
+def project_qkv(x, w_q, w_k, w_v):
+    """Each token's query ("what am I looking for"), key ("what do I offer") and value
+    ("what I pass on"): three learned linear maps of the same embedding.
+
+    x: [..., seq, d_model]; w_q, w_k: [d_model, d_k]; w_v: [d_model, d_v].
+    Returns q [..., seq, d_k], k [..., seq, d_k], v [..., seq, d_v].
+    """
+    if x.shape[-1] != w_q.shape[0] or x.shape[-1] != w_k.shape[0] or x.shape[-1] != w_v.shape[0]:
+        raise ValueError(
+            f"projection matrices must have d_model = {x.shape[-1]} rows to multiply x of shape "
+            f"{list(x.shape)}; got w_q {list(w_q.shape)}, w_k {list(w_k.shape)}, w_v {list(w_v.shape)}"
+        )
+    return x @ w_q, x @ w_k, x @ w_v
+
+
 def self_attention(x, w_q, w_k, w_v, mask=None):
     """Single-head self-attention in matrix form: every position of x attends to every other.
 
     x: [..., seq, d_model]; w_q, w_k: [d_model, d_k]; w_v: [d_model, d_v].
     Returns (output [..., seq, d_v], weights [..., seq, seq]).
     """
-    q, k, v = x @ w_q, x @ w_k, x @ w_v  # [..., seq, d_k], [..., seq, d_k], [..., seq, d_v]
+    q, k, v = project_qkv(x, w_q, w_k, w_v)  # [..., seq, d_k], [..., seq, d_k], [..., seq, d_v]
     return scaled_dot_product_attention(q, k, v, mask=mask)
