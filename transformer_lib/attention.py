@@ -13,6 +13,13 @@ import torch.nn.functional as F
 
 
 def _check_attention_inputs(q, k, v, mask):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"attention input {name} must be a torch.Tensor, got {type(t).__name__}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}"
+        )
     if q.dim() < 2 or k.dim() < 2 or v.dim() < 2:
         raise ValueError(
             "attention inputs need at least 2 dims [..., seq, features]; got q "
@@ -28,12 +35,23 @@ def _check_attention_inputs(q, k, v, mask):
             f"every key needs exactly one value: k has {k.shape[-2]} positions "
             f"(shape {list(k.shape)}), v has {v.shape[-2]} (shape {list(v.shape)})"
         )
+    try:
+        batch_shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"the leading (batch, head) dims of q, k and v must broadcast together: got q "
+            f"{list(q.shape[:-2])}, k {list(k.shape[:-2])}, v {list(v.shape[:-2])}"
+        ) from None
     if mask is not None:
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(
+                f"mask must be a boolean torch.Tensor (True = may attend), got {type(mask).__name__}"
+            )
         if mask.dtype != torch.bool:
             raise TypeError(
                 f"mask must be boolean (True = may attend), got dtype {mask.dtype}"
             )
-        scores_shape = torch.Size([*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2]])
+        scores_shape = torch.Size([*batch_shape, q.shape[-2], k.shape[-2]])
         try:
             torch.broadcast_shapes(mask.shape, scores_shape)
         except RuntimeError:
@@ -63,7 +81,11 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float | None = Non
         # Dividing by sqrt(d_k) keeps the scores' variance at 1 whatever d_k is; without
         # it a large d_k pushes softmax into saturation, where its gradients vanish.
         scale = 1.0 / math.sqrt(q.shape[-1])
-    return (q @ k.transpose(-2, -1)) * scale  # [..., L_q, L_k]
+    # Scale q before the product, not the product afterwards: same numbers, but in
+    # float16 the unscaled q k^T can overflow to inf (max 65504) and turn softmax into NaN.
+    # (.to keeps integer toy inputs working: q * scale is already floating point.)
+    q = q * scale
+    return q @ k.transpose(-2, -1).to(q.dtype)  # [..., L_q, L_k]
 
 
 def scaled_dot_product_attention(q, k, v, mask=None, dropout_p=0.0, scale=None):
@@ -99,10 +121,20 @@ def project_qkv(x, w_q, w_k, w_v):
     x: [..., seq, d_model]; w_q, w_k: [d_model, d_k]; w_v: [d_model, d_v].
     Returns q [..., seq, d_k], k [..., seq, d_k], v [..., seq, d_v].
     """
+    for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
+        if w.dim() != 2:
+            raise ValueError(
+                f"projection matrix {name} must be 2-D [d_model, d_out], got shape {list(w.shape)}"
+            )
     if x.shape[-1] != w_q.shape[0] or x.shape[-1] != w_k.shape[0] or x.shape[-1] != w_v.shape[0]:
         raise ValueError(
             f"projection matrices must have d_model = {x.shape[-1]} rows to multiply x of shape "
             f"{list(x.shape)}; got w_q {list(w_q.shape)}, w_k {list(w_k.shape)}, w_v {list(w_v.shape)}"
+        )
+    if w_q.shape[1] != w_k.shape[1]:
+        raise ValueError(
+            f"w_q and w_k must have the same number of columns d_k, so that queries and keys "
+            f"can be compared; got w_q {list(w_q.shape)}, w_k {list(w_k.shape)}"
         )
     return x @ w_q, x @ w_k, x @ w_v
 

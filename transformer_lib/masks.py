@@ -5,6 +5,8 @@ One convention everywhere in the course, the same as the boolean mask of
 attend to this key", False means "hide this key". Masks broadcast to [..., L_q, L_k].
 """
 
+import operator
+
 import torch
 
 
@@ -13,8 +15,15 @@ def causal_mask(size: int, device=None) -> torch.Tensor:
 
     Returns a bool tensor of shape [size, size].
     """
-    if not isinstance(size, int) or size < 1:
+    # operator.index accepts any true integer (int, numpy int, 0-d integer tensor) and
+    # refuses floats; bool is an int in Python, but causal_mask(True) is surely a mistake.
+    try:
+        n = None if isinstance(size, bool) else operator.index(size)
+    except TypeError:
+        n = None
+    if n is None or n < 1:
         raise ValueError(f"causal_mask needs a positive integer size, got {size!r}")
+    size = n
     return torch.ones(size, size, dtype=torch.bool, device=device).tril()  # [L, L]
 
 
@@ -26,6 +35,10 @@ def padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
     Padded *queries* are not hidden: their outputs are ignored by the loss instead,
     and hiding them would leave rows with nothing to attend to.
     """
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(
+            f"padding_mask expects a torch.Tensor of token ids [batch, seq], got {type(tokens).__name__}"
+        )
     if tokens.dim() != 2:
         raise ValueError(
             f"padding_mask expects token ids of shape [batch, seq], got shape {list(tokens.shape)}"
@@ -40,6 +53,19 @@ def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
     present = [m for m in masks if m is not None]
     if not present:
         return None
+    for i, m in enumerate(masks):
+        if m is None:
+            continue
+        if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
+            got = m.dtype if isinstance(m, torch.Tensor) else type(m).__name__
+            raise TypeError(f"combine_masks needs boolean masks (True = may attend); mask {i} is {got}")
+    try:
+        torch.broadcast_shapes(*(m.shape for m in present))
+    except RuntimeError:
+        raise ValueError(
+            "masks to combine must broadcast together; got shapes "
+            + ", ".join(str(list(m.shape)) for m in present)
+        ) from None
     combined = present[0]
     for m in present[1:]:
         combined = combined & m
