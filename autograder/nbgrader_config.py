@@ -13,6 +13,10 @@ are pointed at the course layout instead of renaming it:
 """
 
 import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from feedback import ShortenTestTracebacks  # noqa: E402
 
 c = get_config()  # noqa: F821 (provided by traitlets when the file is loaded)
 
@@ -38,6 +42,7 @@ c.Execute.timeout = int(os.environ.get("COURSE_CELL_TIMEOUT", "120"))
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "nbgrader.preprocessors.ClearHiddenTests",
+    ShortenTestTracebacks,
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]
 c.ClearHiddenTests.enforce_metadata = False

@@ -1,0 +1,61 @@
+"""Shared helpers for the tests that look at the course's notebooks and its grading pipeline."""
+
+import shutil
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "autograder"))
+
+import course as course_cli  # noqa: E402  (autograder/course.py)
+import notebooks as notebook_builder  # noqa: E402  (autograder/notebooks.py)
+
+CHAPTERS = notebook_builder.chapters()
+# The smallest number of autograded exercises each chapter promises.
+MIN_EXERCISES = {"01_static_to_contextual": 2, "02_self_attention": 5}
+
+
+def solution(chapter: str) -> nbformat.NotebookNode:
+    return nbformat.read(ROOT / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
+
+
+def released(chapter: str) -> nbformat.NotebookNode:
+    return nbformat.read(ROOT / "chapters" / chapter / f"{chapter}.ipynb", as_version=4)
+
+
+def nbgrader_meta(cell) -> dict:
+    return cell.metadata.get("nbgrader", {})
+
+
+def is_solution_cell(cell) -> bool:
+    return cell.cell_type == "code" and nbgrader_meta(cell).get("solution", False)
+
+
+def is_test_cell(cell) -> bool:
+    meta = nbgrader_meta(cell)
+    return cell.cell_type == "code" and meta.get("grade", False) and not meta.get("solution", False)
+
+
+def scratch_course(tmp: Path, chapters=None) -> "course_cli.Course":
+    """A copy of the course (config, grading scripts, solution notebooks) in a temp dir."""
+    (tmp / "autograder").mkdir(parents=True)
+    for name in ["nbgrader_config.py", "course.py", "sandbox_runner.py", "feedback.py"]:
+        shutil.copy(ROOT / "autograder" / name, tmp / "autograder" / name)
+    for chapter in chapters or CHAPTERS:
+        (tmp / "solutions" / chapter).mkdir(parents=True)
+        shutil.copy(ROOT / "solutions" / chapter / f"{chapter}.ipynb", tmp / "solutions" / chapter)
+    return course_cli.Course(tmp)
+
+
+def hidden_lines(chapter: str) -> list[str]:
+    """The code lines of every hidden test region of a chapter."""
+    import re
+
+    lines = []
+    for cell in solution(chapter).cells:
+        if is_test_cell(cell):
+            for region in re.findall(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", cell.source, re.S):
+                lines += [line.strip() for line in region.splitlines() if line.strip()]
+    return lines

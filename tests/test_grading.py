@@ -1,0 +1,162 @@
+"""The grading pipeline, for real: nbgrader's gradebook, autograde, feedback and export on a
+scratch copy of the course, with one student per situation an instructor will meet."""
+
+import csv
+import html
+import re
+
+import nbformat
+import pytest
+from nbgrader.api import Gradebook
+
+from course_files import (CHAPTERS, hidden_lines, ROOT, is_solution_cell, is_test_cell, nbgrader_meta, released,
+                          scratch_course, solution)
+from course_files import course_cli
+
+pytestmark = pytest.mark.slow
+
+TAMPERED = "02_self_attention"  # the chapter the adversarial submissions are made from
+CELL_TIMEOUT = 30
+SOLUTION_REGION = re.compile(r"^([ \t]*)### BEGIN SOLUTION\n.*?^[ \t]*### END SOLUTION[ \t]*$", re.S | re.M)
+
+
+def _exercises(nb):
+    """(answer cell, test cell) pairs in notebook order."""
+    answers = [c for c in nb.cells if is_solution_cell(c)]
+    tests = [c for c in nb.cells if is_test_cell(c)]
+    return list(zip(answers, tests))
+
+
+def _replace_answer(cell, body: str):
+    """Swap the solution region of an answer cell for `body` (indented like the region)."""
+    cell.source = SOLUTION_REGION.sub(lambda m: "\n".join(m.group(1) + line for line in body.splitlines()), cell.source)
+
+
+def _submit(course, student, chapter, nb):
+    folder = course.submitted / student / chapter
+    folder.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, folder / f"{chapter}.ipynb")
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    course = scratch_course(tmp_path_factory.mktemp("course"))
+    for chapter in CHAPTERS:
+        _submit(course, "alice_solutions", chapter, solution(chapter))
+        _submit(course, "bob_blank", chapter, released(chapter))
+
+    nb = solution(TAMPERED)  # carol: a wrong answer, and its test cell edited to pass
+    answer, test = _exercises(nb)[0]
+    _replace_answer(answer, "return None")
+    test.source = "pass"
+    _submit(course, "carol_edited_test", TAMPERED, nb)
+
+    nb = solution(TAMPERED)  # dave: the second test cell deleted
+    deleted = nbgrader_meta(_exercises(nb)[1][1])["grade_id"]
+    nb.cells = [c for c in nb.cells if nbgrader_meta(c).get("grade_id") != deleted]
+    _submit(course, "dave_deleted_test", TAMPERED, nb)
+
+    nb = solution(TAMPERED)  # erin: an endless loop in the third answer
+    _replace_answer(_exercises(nb)[2][0], "while True:\n    pass")
+    _submit(course, "erin_endless_loop", TAMPERED, nb)
+
+    nb = solution(TAMPERED)  # frank: a wrong answer that patches the checker in the kernel
+    _replace_answer(_exercises(nb)[0][0], (
+        "import transformer_lib.checks.core as _core\n"
+        "_core.Checker.__call__ = lambda self, fn, hidden=False: print('\\u2713 all cases match')\n"
+        "return None"))
+    _submit(course, "frank_patched_checker", TAMPERED, nb)
+
+    broken = course.submitted / "gina_broken_json" / TAMPERED / f"{TAMPERED}.ipynb"
+    broken.parent.mkdir(parents=True)
+    broken.write_text('{"cells": [ {"cell_type": "code", ')
+
+    report = course_cli.grade(course, cell_timeout=CELL_TIMEOUT)
+    return course, report
+
+
+def _cell_scores(course, student, chapter):
+    with Gradebook(course.db_url, "transformer-course") as gb:
+        nb = gb.find_submission_notebook(chapter, chapter, student)
+        return {g.name: (g.score, g.max_score) for g in nb.grades}
+
+
+def _test_ids(chapter):
+    return [nbgrader_meta(t)["grade_id"] for _, t in _exercises(solution(chapter))]
+
+
+def test_solutions_get_every_point(graded):
+    course, report = graded
+    for chapter in CHAPTERS:
+        score, max_score = report.scores[("alice_solutions", chapter)]
+        assert max_score > 0 and score == max_score, _cell_scores(course, "alice_solutions", chapter)
+    assert not any(s == "alice_solutions" for s, _ in report.notes)
+
+
+def test_blank_stubs_get_zero(graded):
+    course, report = graded
+    for chapter in CHAPTERS:
+        assert report.scores[("bob_blank", chapter)][0] == 0
+
+
+def test_edited_test_cell_is_graded_with_the_original(graded):
+    course, report = graded
+    scores = _cell_scores(course, "carol_edited_test", TAMPERED)
+    first, *rest = _test_ids(TAMPERED)
+    assert scores[first][0] == 0
+    assert all(scores[g][0] == scores[g][1] for g in rest)
+
+
+def test_deleted_test_cell_scores_zero_and_the_report_says_so(graded):
+    course, report = graded
+    deleted = _test_ids(TAMPERED)[1]
+    scores = _cell_scores(course, "dave_deleted_test", TAMPERED)
+    assert scores[deleted][0] == 0  # a zero, not nbgrader's blank awaiting manual grading
+    assert any(deleted in n and "deleted" in n for n in report.notes[("dave_deleted_test", TAMPERED)])
+    others = [g for g in _test_ids(TAMPERED) if g != deleted]
+    assert all(scores[g][0] == scores[g][1] for g in others)
+
+
+def test_endless_loop_costs_only_its_exercise(graded):
+    course, report = graded
+    scores = _cell_scores(course, "erin_endless_loop", TAMPERED)
+    looping = _test_ids(TAMPERED)[2]
+    assert scores[looping][0] == 0
+    assert all(scores[g][0] == scores[g][1] for g in _test_ids(TAMPERED) if g != looping)
+
+
+def test_patching_the_checker_in_the_kernel_gains_nothing(graded):
+    course, report = graded
+    first = _test_ids(TAMPERED)[0]
+    assert _cell_scores(course, "frank_patched_checker", TAMPERED)[first][0] == 0
+    notes = report.notes[("frank_patched_checker", TAMPERED)]
+    assert any("independent check" in n and first in n for n in notes), notes
+
+
+def test_broken_notebook_scores_zero_is_reported_and_kept(graded):
+    course, report = graded
+    assert report.scores[("gina_broken_json", TAMPERED)][0] == 0
+    assert any("could not be read" in n for n in report.notes[("gina_broken_json", TAMPERED)])
+    path = course.submitted / "gina_broken_json" / TAMPERED / f"{TAMPERED}.ipynb"
+    assert path.read_text() == '{"cells": [ {"cell_type": "code", '
+
+
+def test_feedback_is_written_and_hides_hidden_tests(graded):
+    course, _ = graded
+    for student, chapter in [("alice_solutions", c) for c in CHAPTERS] + [("bob_blank", c) for c in CHAPTERS]:
+        page = course.feedback / student / chapter / f"{chapter}.html"
+        assert page.exists()
+        text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
+        assert "BEGIN HIDDEN TESTS" not in text
+        for line in hidden_lines(chapter):
+            assert line not in text, f"hidden test line {line!r} shown in {page.name}"
+
+
+def test_grades_are_exported_and_tabulated(graded):
+    course, report = graded
+    rows = list(csv.DictReader(open(course.root / "autograder" / "grades.csv")))
+    assert {r["student_id"] for r in rows} >= {"alice_solutions", "bob_blank"}
+    table = course_cli.format_table(report, CHAPTERS, course.students())
+    assert "alice_solutions" in table and "notes:" in table
+    notes = list(csv.DictReader(open(course.root / "autograder" / "report.csv")))
+    assert any(r["student"] == "dave_deleted_test" and "deleted" in r["notes"] for r in notes)

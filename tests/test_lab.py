@@ -1,0 +1,56 @@
+"""`make lab` serves the chapters in a real JupyterLab."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from course_files import CHAPTERS, ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, token: str):
+    request = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.status, response.read()
+
+
+def test_make_lab_serves_the_chapters(tmp_path):
+    port, token = _free_port(), "course-test-token"
+    env = dict(os.environ, JUPYTER_TOKEN=token, BROWSER="true", JUPYTER_RUNTIME_DIR=str(tmp_path))
+    log = open(tmp_path / "lab.log", "w+")
+    lab = subprocess.Popen(["make", "--no-print-directory", "lab", f"LAB_PORT={port}"], cwd=ROOT, env=env,
+                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                status, _ = _get(f"http://127.0.0.1:{port}/api/status", token)
+                break
+            except OSError:
+                if lab.poll() is not None or time.time() > deadline:
+                    log.seek(0)
+                    pytest.fail(f"JupyterLab did not come up:\n{log.read()[-3000:]}")
+                time.sleep(0.5)
+        status, page = _get(f"http://127.0.0.1:{port}/lab", token)
+        assert status == 200 and b"JupyterLab" in page
+        status, body = _get(f"http://127.0.0.1:{port}/api/contents", token)
+        names = {item["name"] for item in json.loads(body)["content"]}
+        assert set(CHAPTERS) <= names, names  # the server's root is chapters/
+        log.seek(0)
+        assert token in log.read(), "the URL with its token is printed for a machine with no browser"
+    finally:
+        os.killpg(lab.pid, signal.SIGTERM)
+        lab.wait(timeout=30)
