@@ -44,7 +44,7 @@ notebooks: venv
 	$(PY) autograder/notebooks.py build $(CHAPTERS)
 
 release: venv
-	$(PY) autograder/notebooks.py check
+	$(PY) autograder/notebooks.py check $(CHAPTERS)
 	$(PY) autograder/course.py release $(CHAPTERS)
 
 grade: venv

@@ -39,7 +39,8 @@ def test_release_matches_what_the_release_command_makes_now(chapter, tmp_path):
 
 
 def _expected_stub(source: str) -> str:
-    return SOLUTION_REGION.sub(lambda m: f"{m.group(1)}raise NotImplementedError()", source)
+    # nbgrader's stub: its "YOUR CODE HERE" marker, then the line the learner replaces.
+    return SOLUTION_REGION.sub(lambda m: f"{m.group(1)}# YOUR CODE HERE\n{m.group(1)}raise NotImplementedError()", source)
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)

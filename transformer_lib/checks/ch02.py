@@ -1,3 +1,458 @@
-"""Checkers for chapter ch02 (being written)."""
+"""Checkers for chapter 02, self-attention: Q/K/V projections, scaled scores, softmax,
+scaled dot-product attention with a mask, and self-attention in matrix form.
 
-CHECKERS = []
+Each checker compares a learner's function with the library (transformer_lib.attention)
+on deterministic cases, and knows the wrong answers learners often write, so that a
+failure can say what went wrong ("no sqrt(d_k) scale") instead of only "values differ".
+"""
+
+import math
+
+import torch
+
+from transformer_lib.attention import (
+    attention_scores,
+    project_qkv,
+    scaled_dot_product_attention,
+    self_attention,
+    softmax,
+)
+
+from .core import Case, Checker, Mistake
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(g: torch.Generator, *shape, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+
+def _random_mask(g: torch.Generator, *shape) -> torch.Tensor:
+    """A boolean mask in which every query can still see at least one key (rows with
+    nothing visible are a topic of chapter 06, not of this one)."""
+    mask = torch.rand(*shape, generator=g) < 0.6  # [..., L_q, L_k]
+    mask[..., 0] = True
+    return mask
+
+
+# The document's toy example (three tokens, four features; source 003 §2).
+TOY_X = torch.tensor([[1.0, 0.0, 1.0, 0.0], [0.0, 2.0, 0.0, 2.0], [1.0, 1.0, 1.0, 1.0]])
+TOY_W_Q = torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 1.0]])
+TOY_W_K = torch.tensor([[0.0, 0.0, 1.0], [1.0, 1.0, 0.0], [0.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+TOY_W_V = torch.tensor([[0.0, 2.0, 0.0], [0.0, 3.0, 0.0], [1.0, 0.0, 3.0], [1.0, 1.0, 0.0]])
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 1: project_qkv(x, w_q, w_k, w_v) -> (q, k, v)
+# ---------------------------------------------------------------------------------------
+
+
+def _projection_cases() -> list[Case]:
+    g = _gen(201)
+    cases = [Case("document toy example", (TOY_X, TOY_W_Q, TOY_W_K, TOY_W_V))]
+    cases.append(Case("one sentence, d_v != d_k", (_randn(g, 5, 8), _randn(g, 8, 4), _randn(g, 8, 4), _randn(g, 8, 6))))
+    cases.append(Case("batch of 2", (_randn(g, 2, 5, 8), _randn(g, 8, 3), _randn(g, 8, 3), _randn(g, 8, 5))))
+    cases.append(Case("float64, two batch dims", (
+        _randn(g, 2, 3, 4, 6, dtype=torch.float64), _randn(g, 6, 2, dtype=torch.float64),
+        _randn(g, 6, 2, dtype=torch.float64), _randn(g, 6, 3, dtype=torch.float64)), hidden=True))
+    cases.append(Case("a single token", (_randn(g, 1, 6), _randn(g, 6, 4), _randn(g, 6, 4), _randn(g, 6, 4)), hidden=True))
+    cases.append(Case("d_k = 1", (_randn(g, 4, 5), _randn(g, 5, 1), _randn(g, 5, 1), _randn(g, 5, 2)), hidden=True))
+    return cases
+
+
+def _qkv_q_k_swapped(x, w_q, w_k, w_v):
+    return x @ w_k, x @ w_q, x @ w_v
+
+
+def _qkv_one_matrix(x, w_q, w_k, w_v):
+    return x @ w_q, x @ w_q, x @ w_q
+
+
+def _qkv_values_not_projected(x, w_q, w_k, w_v):
+    return x @ w_q, x @ w_k, x
+
+
+check_project_qkv = Checker(
+    name="project_qkv",
+    reference=project_qkv,
+    make_cases=_projection_cases,
+    mistakes=[
+        Mistake(
+            "queries and keys swapped (q made with w_k, k made with w_q)",
+            "Each role has its own matrix: q = x @ w_q, k = x @ w_k, v = x @ w_v, returned in that order.",
+            _qkv_q_k_swapped,
+        ),
+        Mistake(
+            "the same matrix w_q used for all three projections",
+            "Use w_q for the queries, w_k for the keys and w_v for the values.",
+            _qkv_one_matrix,
+        ),
+        Mistake(
+            "values not projected (x returned as v)",
+            "The values are a learned map of x too: v = x @ w_v.",
+            _qkv_values_not_projected,
+        ),
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 2: attention_scores(q, k) -> q k^T / sqrt(d_k)
+# ---------------------------------------------------------------------------------------
+
+
+def _score_cases() -> list[Case]:
+    g = _gen(202)
+    # The document's example: d_k = 64, q.k1 = 112, q.k2 = 96 (source 000 §5).
+    doc_q = torch.full((1, 64), 2.0)
+    doc_k = torch.stack([torch.full((64,), 112 / 128), torch.full((64,), 96 / 128)])
+    return [
+        Case("document example, d_k = 64", (doc_q, doc_k)),
+        Case("3 queries, 5 keys, d_k = 4", (_randn(g, 3, 4), _randn(g, 5, 4))),
+        Case("batch of 2", (_randn(g, 2, 3, 8), _randn(g, 2, 6, 8))),
+        Case("float64, two batch dims", (_randn(g, 2, 2, 3, 16, dtype=torch.float64),
+                                         _randn(g, 2, 2, 4, 16, dtype=torch.float64)), hidden=True),
+        Case("keys shared across the batch", (_randn(g, 3, 2, 5), _randn(g, 4, 5)), hidden=True),
+        Case("a single query, large values", (_randn(g, 1, 32, scale=10.0), _randn(g, 7, 32, scale=10.0)), hidden=True),
+    ]
+
+
+def _scores_unscaled(q, k):
+    return q @ k.transpose(-2, -1)
+
+
+def _scores_over_dk(q, k):
+    return q @ k.transpose(-2, -1) / q.shape[-1]
+
+
+def _scores_times_sqrt_dk(q, k):
+    return q @ k.transpose(-2, -1) * math.sqrt(q.shape[-1])
+
+
+def _scores_sqrt_seq_len(q, k):
+    return q @ k.transpose(-2, -1) / math.sqrt(k.shape[-2])
+
+
+def _scores_transposed(q, k):
+    return k @ q.transpose(-2, -1) / math.sqrt(q.shape[-1])
+
+
+check_attention_scores = Checker(
+    name="attention_scores",
+    reference=attention_scores,
+    make_cases=_score_cases,
+    mistakes=[
+        Mistake(
+            "no sqrt(d_k) scale (plain q @ k^T)",
+            "Divide the dot products by math.sqrt(d_k), with d_k = q.shape[-1].",
+            _scores_unscaled,
+        ),
+        Mistake(
+            "divided by d_k instead of sqrt(d_k)",
+            "The scale is the square root: divide by math.sqrt(q.shape[-1]).",
+            _scores_over_dk,
+        ),
+        Mistake(
+            "multiplied by sqrt(d_k) instead of dividing",
+            "Divide by math.sqrt(d_k): the point is to shrink the scores back to variance 1.",
+            _scores_times_sqrt_dk,
+        ),
+        Mistake(
+            "scaled by the square root of the sequence length (size(-2)) instead of d_k (size(-1))",
+            "d_k is the feature size of q and k, their last dimension: q.shape[-1].",
+            _scores_sqrt_seq_len,
+        ),
+        Mistake(
+            "scores transposed: k @ q^T puts keys on the rows",
+            "Queries go on the rows and keys on the columns: q @ k.transpose(-2, -1), shape [..., L_q, L_k].",
+            _scores_transposed,
+        ),
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 3: softmax(x) over the last dimension, numerically stable
+# ---------------------------------------------------------------------------------------
+
+
+def _softmax_cases() -> list[Case]:
+    g = _gen(203)
+    return [
+        Case("document example [3.2, 5.1, -1.7]", (torch.tensor([3.2, 5.1, -1.7]),)),
+        Case("4 rows of 6 scores", (_randn(g, 4, 6, scale=3.0),)),
+        Case("large scores next to small ones", (torch.tensor([[1000.0, 1001.0, 1002.0], [0.0, 1.0, 2.0]]),)),
+        Case("batch of 2", (_randn(g, 2, 3, 5, scale=2.0),)),
+        Case("float64", (_randn(g, 3, 7, dtype=torch.float64, scale=4.0),), hidden=True),
+        Case("very negative scores", (torch.tensor([[-1000.0, -1001.0, -1003.0], [-1.0, 0.0, 1.0]]),), hidden=True),
+        Case("a single score", (torch.tensor([[0.5]]),), hidden=True),
+        Case("two batch dims, float64", (_randn(g, 2, 2, 3, 4, dtype=torch.float64, scale=30.0),), hidden=True),
+    ]
+
+
+def _softmax_dim0(x):
+    e = (x - x.amax(dim=0, keepdim=True)).exp()
+    return e / e.sum(dim=0, keepdim=True)
+
+
+def _softmax_unstable(x):
+    e = x.exp()
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def _softmax_exp_only(x):
+    return x.exp()
+
+
+def _softmax_shifted_exp_only(x):
+    return (x - x.amax(dim=-1, keepdim=True)).exp()
+
+
+def _softmax_whole_tensor_sum(x):
+    e = (x - x.amax(dim=-1, keepdim=True)).exp()
+    return e / e.sum()
+
+
+def _softmax_global_max(x):
+    e = (x - x.max()).exp()
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+check_softmax = Checker(
+    name="softmax",
+    reference=softmax,
+    make_cases=_softmax_cases,
+    mistakes=[
+        Mistake(
+            "softmax taken over the first dimension (dim=0) instead of the last",
+            "Normalise each row of scores: max, exp and sum all over dim=-1 (with keepdim=True).",
+            _softmax_dim0,
+        ),
+        Mistake(
+            "softmax not stabilised: exp(x) overflows to inf for large scores, and inf/inf is NaN",
+            "Subtract each row's maximum before exp: x - x.amax(dim=-1, keepdim=True). It cancels in the ratio.",
+            _softmax_unstable,
+        ),
+        Mistake(
+            "exponentials not normalised (exp(x) returned as it is)",
+            "Subtract the row maximum, take exp, then divide by the row sum so each row adds up to 1.",
+            _softmax_exp_only,
+        ),
+        Mistake(
+            "exp(x - max) computed but not divided by its sum",
+            "Divide by the row sum: e / e.sum(dim=-1, keepdim=True), so each row adds up to 1.",
+            _softmax_shifted_exp_only,
+        ),
+        Mistake(
+            "divided by the sum over the whole tensor instead of each row's sum",
+            "Sum over the last dimension only: e.sum(dim=-1, keepdim=True).",
+            _softmax_whole_tensor_sum,
+        ),
+        Mistake(
+            "subtracted the maximum of the whole tensor instead of each row's maximum "
+            "(a row far below that maximum underflows to 0/0 = NaN)",
+            "Subtract each row's own maximum: x.amax(dim=-1, keepdim=True).",
+            _softmax_global_max,
+        ),
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 4: scaled_attention(q, k, v, mask=None) -> (output, weights)
+# ---------------------------------------------------------------------------------------
+
+
+def _attention_cases() -> list[Case]:
+    g = _gen(204)
+    pad = torch.tensor([[True, True, True, True, True], [True, True, True, False, False]])[:, None, :]  # [2, 1, 5]
+    return [
+        Case("no mask, 3 queries, 5 keys", (_randn(g, 3, 4), _randn(g, 5, 4), _randn(g, 5, 6))),
+        Case("causal mask", (_randn(g, 4, 8), _randn(g, 4, 8), _randn(g, 4, 3)),
+             {"mask": torch.ones(4, 4, dtype=torch.bool).tril()}),
+        Case("batch of 2, padding mask [2, 1, 5]", (_randn(g, 2, 3, 4), _randn(g, 2, 5, 4), _randn(g, 2, 5, 2)),
+             {"mask": pad}),
+        Case("float64, random mask", (_randn(g, 5, 6, dtype=torch.float64), _randn(g, 7, 6, dtype=torch.float64),
+                                      _randn(g, 7, 3, dtype=torch.float64)), {"mask": _random_mask(g, 5, 7)}, hidden=True),
+        Case("two batch dims, no mask", (_randn(g, 2, 2, 3, 8), _randn(g, 2, 2, 4, 8), _randn(g, 2, 2, 4, 8)), hidden=True),
+        Case("mask broadcast over queries [1, 5]", (_randn(g, 2, 4, 16, scale=3.0), _randn(g, 2, 5, 16, scale=3.0),
+                                                    _randn(g, 2, 5, 4)),
+             {"mask": torch.tensor([[True, False, True, True, False]])}, hidden=True),
+    ]
+
+
+def _mask_fill(scores, mask):
+    if mask is None:
+        return scores
+    return scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+
+
+def _attn_unscaled(q, k, v, mask=None):
+    weights = torch.softmax(_mask_fill(q @ k.transpose(-2, -1), mask), dim=-1)
+    return weights @ v, weights
+
+
+def _attn_over_dk(q, k, v, mask=None):
+    weights = torch.softmax(_mask_fill(q @ k.transpose(-2, -1) / q.shape[-1], mask), dim=-1)
+    return weights @ v, weights
+
+
+def _attn_softmax_over_queries(q, k, v, mask=None):
+    weights = torch.softmax(_mask_fill(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), mask), dim=-2)
+    return weights @ v, weights
+
+
+def _attn_mask_after_softmax(q, k, v, mask=None):
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)
+    return weights @ v, weights
+
+
+def _attn_masked_with_zero(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, 0.0)
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+
+
+def _attn_mask_inverted(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+
+
+def _attn_keys_as_values(q, k, v, mask=None):
+    weights = torch.softmax(_mask_fill(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), mask), dim=-1)
+    return weights @ k, weights
+
+
+check_scaled_attention = Checker(
+    name="scaled_attention",
+    reference=scaled_dot_product_attention,
+    make_cases=_attention_cases,
+    mistakes=[
+        Mistake(
+            "no sqrt(d_k) scale on the scores",
+            "Divide q @ k^T by math.sqrt(d_k), with d_k = q.shape[-1], before the softmax.",
+            _attn_unscaled,
+        ),
+        Mistake(
+            "scores divided by d_k instead of sqrt(d_k)",
+            "The scale is the square root: divide by math.sqrt(q.shape[-1]).",
+            _attn_over_dk,
+        ),
+        Mistake(
+            "softmax taken over the queries (dim=-2): the weights don't sum to 1 over the keys",
+            "Each query distributes its attention over the keys: softmax over dim=-1.",
+            _attn_softmax_over_queries,
+        ),
+        Mistake(
+            "mask applied after the softmax (weights zeroed, the rest no longer sum to 1)",
+            "Mask the *scores* before the softmax: scores.masked_fill(~mask, a large negative number), then softmax.",
+            _attn_mask_after_softmax,
+        ),
+        Mistake(
+            "masked scores set to 0 instead of a large negative number (exp(0) = 1 still gets weight)",
+            "Fill hidden scores with a very negative value, e.g. torch.finfo(scores.dtype).min or float('-inf').",
+            _attn_masked_with_zero,
+        ),
+        Mistake(
+            "mask meaning inverted: the positions marked True were hidden",
+            "In this course True means 'may attend': hide where the mask is False, masked_fill(~mask, ...).",
+            _attn_mask_inverted,
+        ),
+        Mistake(
+            "the keys mixed instead of the values (weights @ k)",
+            "The output is a weighted sum of the values: weights @ v.",
+            _attn_keys_as_values,
+        ),
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 5: self_attention(x, w_q, w_k, w_v) -> (output, weights), matrix form
+# ---------------------------------------------------------------------------------------
+
+
+def _self_attention_cases() -> list[Case]:
+    g = _gen(205)
+    return [
+        Case("document toy example", (TOY_X, TOY_W_Q, TOY_W_K, TOY_W_V)),
+        Case("one sentence of 5 tokens", (_randn(g, 5, 8), _randn(g, 8, 4), _randn(g, 8, 4), _randn(g, 8, 6))),
+        Case("batch of 2", (_randn(g, 2, 4, 6), _randn(g, 6, 3), _randn(g, 6, 3), _randn(g, 6, 5))),
+        Case("float64, two batch dims", (
+            _randn(g, 2, 2, 3, 10, dtype=torch.float64), _randn(g, 10, 4, dtype=torch.float64),
+            _randn(g, 10, 4, dtype=torch.float64), _randn(g, 10, 2, dtype=torch.float64)), hidden=True),
+        Case("a single token", (_randn(g, 1, 6), _randn(g, 6, 2), _randn(g, 6, 2), _randn(g, 6, 3)), hidden=True),
+        Case("larger embeddings", (_randn(g, 7, 16, scale=2.0), _randn(g, 16, 8), _randn(g, 16, 8), _randn(g, 16, 8)),
+             hidden=True),
+    ]
+
+
+def _sa(q, k, v, scale, dim=-1):
+    weights = torch.softmax(q @ k.transpose(-2, -1) * scale, dim=dim)
+    return weights @ v, weights
+
+
+def _sa_unscaled(x, w_q, w_k, w_v):
+    return _sa(x @ w_q, x @ w_k, x @ w_v, 1.0)
+
+
+def _sa_sqrt_d_model(x, w_q, w_k, w_v):
+    return _sa(x @ w_q, x @ w_k, x @ w_v, 1.0 / math.sqrt(x.shape[-1]))
+
+
+def _sa_softmax_over_queries(x, w_q, w_k, w_v):
+    return _sa(x @ w_q, x @ w_k, x @ w_v, 1.0 / math.sqrt(w_q.shape[-1]), dim=-2)
+
+
+def _sa_keys_from_w_q(x, w_q, w_k, w_v):
+    return _sa(x @ w_q, x @ w_q, x @ w_v, 1.0 / math.sqrt(w_q.shape[-1]))
+
+
+def _sa_values_not_projected(x, w_q, w_k, w_v):
+    return _sa(x @ w_q, x @ w_k, x, 1.0 / math.sqrt(w_q.shape[-1]))
+
+
+check_self_attention = Checker(
+    name="self_attention",
+    reference=self_attention,
+    make_cases=_self_attention_cases,
+    mistakes=[
+        Mistake(
+            "no sqrt(d_k) scale on the scores",
+            "Divide Q @ K^T by math.sqrt(d_k), where d_k = w_q.shape[-1].",
+            _sa_unscaled,
+        ),
+        Mistake(
+            "scaled by sqrt(d_model) (x.shape[-1]) instead of sqrt(d_k)",
+            "d_k is the size of the queries and keys, q.shape[-1] = w_q.shape[-1], not the embedding size.",
+            _sa_sqrt_d_model,
+        ),
+        Mistake(
+            "softmax taken over the queries (dim=-2)",
+            "Each token distributes its attention over the keys: softmax over dim=-1.",
+            _sa_softmax_over_queries,
+        ),
+        Mistake(
+            "keys made with w_q (K = X @ W^Q)",
+            "Keys have their own matrix: K = X @ W^K.",
+            _sa_keys_from_w_q,
+        ),
+        Mistake(
+            "values not projected (the embeddings x mixed directly)",
+            "Mix the projected values V = X @ W^V, not x.",
+            _sa_values_not_projected,
+        ),
+    ],
+)
+
+
+CHECKERS = [check_project_qkv, check_attention_scores, check_softmax, check_scaled_attention, check_self_attention]

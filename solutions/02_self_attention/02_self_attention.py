@@ -1,0 +1,731 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 02 — Self-attention, one step at a time
+#
+# Chapter 01 showed why one fixed vector per word is not enough: a word's vector should depend on the
+# sentence around it, so that "apple" in *eat an apple* and in *Apple's product launch* end up in different
+# places. **Self-attention** is the mechanism the Transformer uses to get there. Every token looks at
+# every token of its own sentence (itself included), decides how relevant each one is, and replaces
+# its vector by a relevance-weighted mix of what the others offer.
+#
+# In this chapter you build it from scratch, in the order the computation happens:
+#
+# 1. **Queries, keys and values** — three roles for each token, made by three learned matrices.
+# 2. **Scores** — a dot product says how well a query matches a key.
+# 3. **The $\sqrt{d_k}$ scale** — why the scores are divided, *measured* rather than asserted.
+# 4. **Softmax** — scores become weights that sum to one (and how to compute it without overflow).
+# 5. **The weighted sum** — and the mask that hides keys a query must not see.
+# 6. **A worked toy example** from the source documents, checked number by number.
+# 7. **The matrix form** — the whole sentence in three matrix products.
+# 8. **Permutation equivariance** — what attention does *not* know about word order.
+# 9. **An attention heatmap** of a small sentence.
+#
+# Five exercises are autograded: `project_qkv`, `attention_scores`, `softmax`, `scaled_attention`
+# and `self_attention`. Each test cell tells you, when your answer is wrong, which common mistake it
+# looks like.
+#
+# The whole computation fits in one line, the equation of *Attention Is All You Need* (Vaswani et al., 2017):
+#
+# $$\mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{Q K^\top}{\sqrt{d_k}}\right) V$$
+#
+# By the end of the chapter every symbol in it will be something you have computed yourself.
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+import torch
+
+from transformer_lib.checks.ch02 import (
+    check_attention_scores,
+    check_project_qkv,
+    check_scaled_attention,
+    check_self_attention,
+    check_softmax,
+)
+
+torch.manual_seed(0)
+torch.set_printoptions(precision=4, sci_mode=False)
+
+# %% [markdown]
+# ## 1. Three roles for every token: query, key, value
+#
+# Think of a search engine. You type a **query** ("what am I looking for?"); every document carries
+# **keys**, the labels it can be found by ("what do I offer?"); when a query matches a key, you read
+# that document's **content**, its **value** ("what I hand over if chosen").
+#
+# Self-attention gives every token all three roles at once. Starting from the token's embedding
+# $x_i$ (a row vector of size $d_{model}$), three learned matrices produce
+#
+# $$q_i = x_i W^Q, \qquad k_i = x_i W^K, \qquad v_i = x_i W^V,$$
+#
+# with $W^Q, W^K \in \mathbb{R}^{d_{model} \times d_k}$ and $W^V \in \mathbb{R}^{d_{model} \times d_v}$.
+# Queries and keys must have the same size $d_k$, because we will compare them with a dot product;
+# the values may have a different size $d_v$.
+#
+# Why not compare the embeddings directly? Because then "relevance" would be fixed by whatever the
+# embeddings happen to be. With $W^Q$ and $W^K$ the model *learns* which aspects of a word to ask
+# about and which to advertise. And note that all three come from **the same input** $X$: that is the
+# "self" in self-attention (the sentence attends to itself).
+#
+# Stacking the tokens of a sentence as rows of a matrix $X$ of shape `[seq, d_model]`, the three
+# projections are three matrix products: $Q = XW^Q$, $K = XW^K$, $V = XW^V$.
+
+# %% [markdown]
+# ### Exercise 1 — `project_qkv`
+# > **Difficulty** ●○○ · **Importance** ●●● · about 5 minutes
+#
+# Write `project_qkv(x, w_q, w_k, w_v)` returning the tuple `(q, k, v)`.
+#
+# * `x`: `[..., seq, d_model]` — any number of leading batch dimensions.
+# * `w_q`, `w_k`: `[d_model, d_k]`; `w_v`: `[d_model, d_v]`.
+# * returns `q`, `k`: `[..., seq, d_k]` and `v`: `[..., seq, d_v]`.
+#
+# Worked example: with the toy matrices of section 6, the first token $x_1 = [1, 0, 1, 0]$ gets the query
+# $x_1 W^Q = [1, 0, 2]$.
+#
+# <details><summary>Hint 1</summary>The <code>@</code> operator multiplies the last two dimensions and broadcasts the rest, so batch dimensions take care of themselves.</details>
+# <details><summary>Hint 2</summary><code>return x @ w_q, x @ w_k, x @ w_v</code> — in that order.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "project_qkv", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def project_qkv(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor):
+    """Queries, keys and values of every token.
+
+    x: [..., seq, d_model]; w_q, w_k: [d_model, d_k]; w_v: [d_model, d_v].
+    Returns (q [..., seq, d_k], k [..., seq, d_k], v [..., seq, d_v]).
+    """
+    ### BEGIN SOLUTION
+    q = x @ w_q  # [..., seq, d_k]
+    k = x @ w_k  # [..., seq, d_k]
+    v = x @ w_v  # [..., seq, d_v]
+    return q, k, v
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "project_qkv_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+check_project_qkv(project_qkv)
+### BEGIN HIDDEN TESTS
+check_project_qkv(project_qkv, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Here are the matrices of the toy example we will work through in section 6: three tokens with
+# $d_{model} = 4$ features, projected to $d_k = d_v = 3$. (Document 003 §2 gives the inputs and $W^Q$, $W^K$;
+# its extracted text cuts off the third input, $[1, 1, 1, 1]$, and leaves out $W^V$: both are
+# completed here, and section 6 shows they reproduce the document's result.)
+
+# %%
+from transformer_lib.attention import project_qkv  # the reference: the rest of the chapter runs even if your answer is unfinished
+
+x_toy = torch.tensor([[1.0, 0.0, 1.0, 0.0],   # token 1
+                      [0.0, 2.0, 0.0, 2.0],   # token 2
+                      [1.0, 1.0, 1.0, 1.0]])  # token 3      [seq=3, d_model=4]
+w_q_toy = torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 1.0]])  # [4, 3]
+w_k_toy = torch.tensor([[0.0, 0.0, 1.0], [1.0, 1.0, 0.0], [0.0, 1.0, 0.0], [1.0, 1.0, 0.0]])  # [4, 3]
+w_v_toy = torch.tensor([[0.0, 2.0, 0.0], [0.0, 3.0, 0.0], [1.0, 0.0, 3.0], [1.0, 1.0, 0.0]])  # [4, 3]
+
+Q_toy, K_toy, V_toy = project_qkv(x_toy, w_q_toy, w_k_toy, w_v_toy)
+print("queries Q =\n", Q_toy)
+print("keys    K =\n", K_toy)
+print("values  V =\n", V_toy)
+
+# %% [markdown]
+# ## 2. Scores: how well does a query match a key?
+#
+# The match between query $q_i$ and key $k_j$ is their dot product
+#
+# $$s_{ij} = q_i \cdot k_j = \sum_{m=1}^{d_k} q_{i,m}\, k_{j,m}.$$
+#
+# It is large when the two vectors point the same way, near zero when they are unrelated, negative when
+# they disagree. For a whole sentence, all the pairs at once form a matrix product, $S = Q K^\top$, of shape
+# `[L_q, L_k]`: row $i$ holds how query $i$ rates every key.
+#
+# Document 000 (§5) follows the word *Thinking* in the two-word sentence *Thinking Machines*, with
+# $d_k = 64$. Its query scores 112 against its own key and 96 against the key of *Machines*. The document
+# doesn't print the vectors, so we build a pair that gives exactly those scores:
+
+# %%
+d_k = 64
+q1 = torch.full((d_k,), 2.0)          # the query of "Thinking"
+k1 = torch.full((d_k,), 112 / 128)    # the key of "Thinking"
+k2 = torch.full((d_k,), 96 / 128)     # the key of "Machines"
+print(f"q1 . k1 = {q1 @ k1:.0f}")
+print(f"q1 . k2 = {q1 @ k2:.0f}")
+
+# %% [markdown]
+# Before turning scores into weights, there is a catch — the scores are too big.
+#
+# ## 3. Why divide by $\sqrt{d_k}$? Measure it
+#
+# Suppose the entries of $q$ and $k$ are independent, with mean 0 and variance 1 (roughly what a freshly
+# initialised model produces). Each product $q_m k_m$ then has mean 0 and variance
+# $\mathbb{E}[q_m^2]\,\mathbb{E}[k_m^2] = 1$, and the dot product adds $d_k$ independent such terms:
+#
+# $$\mathrm{Var}(q \cdot k) = d_k, \qquad \text{so the typical size of a score is } \sqrt{d_k}.$$
+#
+# Large scores are bad news for the softmax that comes next: when one score is far above the others,
+# softmax gives it (almost) all the weight — a near one-hot vector — and its gradient almost vanishes,
+# so the model stops learning which keys matter. Dividing by $\sqrt{d_k}$ brings the variance back to 1,
+# whatever $d_k$ is (document 001, §1.3).
+#
+# **Predict** before running the next cell: for $d_k = 1024$, what variance will the raw dot products have?
+# And how close to one-hot will the softmax over 8 keys be?
+#
+# The cell draws random unit-variance queries and keys for several $d_k$ and measures, with and without
+# the scale: the variance of the scores, the average largest softmax weight (1.0 would be one-hot; with
+# 8 keys, uniform is 0.125), and the size of the gradient that flows back through the softmax (for a fixed
+# random training signal on the weights).
+
+# %%
+gen = torch.Generator().manual_seed(1)
+d_ks = [4, 16, 64, 256, 1024]
+n_queries, n_keys = 2000, 8
+signal = torch.randn(n_queries, n_keys, generator=gen)  # some gradient arriving at the weights
+
+
+def saturation(z: torch.Tensor):
+    """Mean largest softmax weight, and mean norm of the gradient reaching the softmax input z."""
+    z = z.clone().requires_grad_(True)
+    weights = torch.softmax(z, dim=-1)  # [n_queries, n_keys]
+    (weights * signal).sum().backward()
+    return weights.max(dim=-1).values.mean().item(), z.grad.norm(dim=-1).mean().item()
+
+
+results = []
+for d in d_ks:
+    q = torch.randn(n_queries, 1, d, generator=gen)       # [n_queries, 1, d_k]
+    k = torch.randn(n_queries, n_keys, d, generator=gen)  # [n_queries, n_keys, d_k]
+    raw = (q @ k.transpose(-2, -1)).squeeze(1)            # [n_queries, n_keys]
+    scaled = raw / math.sqrt(d)
+    results.append((d, raw.var().item(), scaled.var().item(), *saturation(raw), *saturation(scaled)))
+
+print(f"{'d_k':>5} | {'Var raw':>8} {'Var scaled':>10} | {'max w raw':>9} {'max w scaled':>12} | {'grad raw':>8} {'grad scaled':>11}")
+for d, v_raw, v_scaled, w_raw, g_raw, w_scaled, g_scaled in results:
+    print(f"{d:>5} | {v_raw:>8.1f} {v_scaled:>10.2f} | {w_raw:>9.3f} {w_scaled:>12.3f} | {g_raw:>8.4f} {g_scaled:>11.4f}")
+
+# %% [markdown]
+# The raw variance tracks $d_k$ (the first column is close to 4, 16, 64, 256, 1024), while the scaled one
+# stays near 1. Without the scale, the largest weight creeps towards 1 as $d_k$ grows and the gradient
+# shrinks; with it, both stay put, whatever the size. The same numbers as a picture:
+
+# %%
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3.2))
+ax1.loglog(d_ks, [r[1] for r in results], "o-", label="raw q.k")
+ax1.loglog(d_ks, [r[2] for r in results], "s-", label="q.k / sqrt(d_k)")
+ax1.set_xlabel("d_k")
+ax1.set_ylabel("variance of the scores")
+ax1.legend()
+ax2.semilogx(d_ks, [r[3] for r in results], "o-", label="raw: max weight")
+ax2.semilogx(d_ks, [r[5] for r in results], "s-", label="scaled: max weight")
+ax2.semilogx(d_ks, [r[4] for r in results], "o--", label="raw: gradient norm")
+ax2.semilogx(d_ks, [r[6] for r in results], "s--", label="scaled: gradient norm")
+ax2.set_xlabel("d_k")
+ax2.set_ylabel("mean over the queries")
+ax2.legend(fontsize=7)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The document's own example shows the same thing in miniature. Its scores 112 and 96 differ by 16; fed to
+# softmax as they are, *Machines* would get almost nothing:
+
+# %%
+raw_weights = torch.softmax(torch.tensor([112.0, 96.0]), dim=-1)
+print(f"softmax([112, 96]) = [{raw_weights[0]:.7f}, {raw_weights[1]:.2e}]   (no scaling: nearly one-hot)")
+
+# %% [markdown]
+# ### Exercise 2 — `attention_scores`
+# > **Difficulty** ●○○ · **Importance** ●●● · about 5 minutes
+#
+# Write `attention_scores(q, k)` returning the scaled scores $Q K^\top / \sqrt{d_k}$.
+#
+# * `q`: `[..., L_q, d_k]`, `k`: `[..., L_k, d_k]` (leading dimensions broadcast).
+# * returns `[..., L_q, L_k]`: row $i$, column $j$ is query $i$ against key $j$.
+#
+# Worked example: the *Thinking Machines* query and keys above, `q1[None]` of shape `[1, 64]` and
+# `torch.stack([k1, k2])` of shape `[2, 64]`, give `[[14., 12.]]` (that is, 112/8 and 96/8).
+#
+# <details><summary>Hint 1</summary><code>d_k</code> is the last dimension of <code>q</code>. Transpose only the last two dimensions of <code>k</code>, so that batch dimensions stay where they are.</details>
+# <details><summary>Hint 2</summary><code>q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])</code></details>
+
+# %% nbgrader={"grade": false, "grade_id": "attention_scores", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Scaled dot products of every query with every key.
+
+    q: [..., L_q, d_k], k: [..., L_k, d_k] -> scores [..., L_q, L_k].
+    """
+    ### BEGIN SOLUTION
+    d_k = q.shape[-1]
+    return q @ k.transpose(-2, -1) / math.sqrt(d_k)  # [..., L_q, L_k]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "attention_scores_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+check_attention_scores(attention_scores)
+### BEGIN HIDDEN TESTS
+check_attention_scores(attention_scores, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# With the scale, the document's scores become 14 and 12 (here $\sqrt{64} = 8$):
+
+# %%
+from transformer_lib.attention import attention_scores  # the reference: the rest of the chapter runs even if your answer is unfinished
+
+thinking_scores = attention_scores(q1[None], torch.stack([k1, k2]))  # [1, 2]
+print(f"sqrt(d_k) = {math.sqrt(d_k):.0f}")
+print("scaled scores of 'Thinking':", thinking_scores)
+
+# %% [markdown]
+# ## 4. Softmax: from scores to weights
+#
+# Softmax turns any row of real numbers into positive weights that sum to one:
+#
+# $$\mathrm{softmax}(s)_j = \frac{e^{s_j}}{\sum_{j'} e^{s_{j'}}}.$$
+#
+# It keeps the order of the scores and exaggerates their gaps (the exponential grows fast), which is
+# exactly why it saturates when the scores are large.
+#
+# Written literally, the formula has a trap. `float32` can hold numbers up to about $3.4 \times 10^{38}$, so
+# $e^{s}$ overflows to `inf` as soon as $s$ exceeds about 88.7 — and then the ratio is `inf / inf`.
+# **Predict**: what does the literal formula give for the scores `[1000, 1001, 1002]`?
+
+# %%
+f32_max = torch.finfo(torch.float32).max
+print(f"largest float32: {f32_max:.3g}, so exp(s) overflows above s = {math.log(f32_max):.1f}")
+
+big = torch.tensor([1000.0, 1001.0, 1002.0])
+naive = big.exp() / big.exp().sum()
+print("exp(s)             :", big.exp())
+print("literal softmax    :", naive)
+
+# %% [markdown]
+# Not a number. The cure costs one subtraction: for any constant $c$,
+# $\dfrac{e^{s_j - c}}{\sum_{j'} e^{s_{j'} - c}} = \dfrac{e^{-c}\, e^{s_j}}{e^{-c} \sum_{j'} e^{s_{j'}}}$
+# is the same softmax. Choosing $c = \max_j s_j$ makes the largest exponent $e^0 = 1$: nothing overflows,
+# and at least one term of the sum is 1, so we never divide by zero either.
+
+# %% [markdown]
+# ### Exercise 3 — `softmax`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
+#
+# Write a numerically stable `softmax(x)` over the **last** dimension.
+#
+# * `x`: `[..., n]`, any number of leading dimensions, any float dtype.
+# * returns a tensor of the same shape; every slice along the last dimension is positive and sums to 1.
+#
+# Worked example (document 000 §5: scores of *cat*, *car*, *frog*): `softmax(torch.tensor([3.2, 5.1, -1.7]))`
+# is about `[0.13, 0.87, 0.00]`. And `softmax(torch.tensor([1000., 1001., 1002.]))` must not be `nan`.
+#
+# Don't call `torch.softmax` or `torch.nn.functional.softmax`: the point is to write it.
+#
+# <details><summary>Hint 1</summary>Each row needs its own maximum: <code>x.amax(dim=-1, keepdim=True)</code>. <code>keepdim=True</code> keeps the shape broadcastable against <code>x</code>.</details>
+# <details><summary>Hint 2</summary><code>e = (x - x.amax(dim=-1, keepdim=True)).exp()</code>, then divide by <code>e.sum(dim=-1, keepdim=True)</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "softmax", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """Numerically stable softmax over the last dimension.
+
+    x: [..., n] -> [..., n], positive, each row sums to 1.
+    """
+    ### BEGIN SOLUTION
+    shifted = x - x.amax(dim=-1, keepdim=True)  # the largest entry of each row becomes 0
+    e = shifted.exp()  # in (0, 1]: no overflow
+    return e / e.sum(dim=-1, keepdim=True)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "softmax_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_softmax(softmax)
+### BEGIN HIDDEN TESTS
+check_softmax(softmax, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Now the documents' numbers. First the *cat / car / frog* example of document 000 (§5): the exponentials
+# are 24.5, 164.0 and 0.18, and dividing by their sum gives 0.13, 0.87 and 0.00. The largest score takes
+# an even larger share of the weight, and the weights add up to exactly one:
+
+# %%
+from transformer_lib.attention import softmax  # the reference: the rest of the chapter runs even if your answer is unfinished
+
+cat_car_frog = torch.tensor([3.2, 5.1, -1.7])
+print("exp(scores)     :", [f"{e:.2f}" for e in cat_car_frog.exp().tolist()])
+print("softmax(scores) :", [f"{w:.2f}" for w in softmax(cat_car_frog).tolist()])
+print(f"sum of weights  : {softmax(cat_car_frog).sum():.4f}")
+print("stable softmax of [1000, 1001, 1002]:", softmax(big))
+
+# %% [markdown]
+# And *Thinking Machines*: the scaled scores 14 and 12 become the weights 0.88 and 0.12 — a clear
+# preference for *Thinking* itself, but nothing like the nearly one-hot weights of the unscaled scores 112 and 96 (section 3).
+
+# %%
+thinking_weights = softmax(thinking_scores)
+print("scaled scores :", [f"{s:.0f}" for s in thinking_scores[0].tolist()])
+print("weights       :", [f"{w:.2f}" for w in thinking_weights[0].tolist()])
+
+# %% [markdown]
+# ## 5. The weighted sum, and masks
+#
+# The weights decide how much of each value the query takes home. The output for token $i$ is
+#
+# $$z_i = \sum_j a_{ij}\, v_j, \qquad a_{ij} = \mathrm{softmax}_j\!\left(\frac{q_i \cdot k_j}{\sqrt{d_k}}\right).$$
+#
+# For *Thinking*, $z_1 = 0.88\, v_1 + 0.12\, v_2$. The document doesn't give the values, so take any two, say
+# $v_1 = [1, 0, 2]$ and $v_2 = [0, 4, 1]$:
+
+# %%
+v_thinking, v_machines = torch.tensor([1.0, 0.0, 2.0]), torch.tensor([0.0, 4.0, 1.0])
+z1 = thinking_weights[0, 0] * v_thinking + thinking_weights[0, 1] * v_machines
+print("z1 =", z1)
+
+# %% [markdown]
+# The new vector for *Thinking* is mostly its own value with a bit of *Machines* mixed in: a contextual
+# representation.
+#
+# **Masks.** Sometimes a query must not see some keys: padding tokens that only fill up a batch, or, in a
+# decoder, the words that come later (chapter 06). In this course a mask is a boolean tensor that broadcasts
+# to the scores `[..., L_q, L_k]`, and **`True` means "may attend"** (the same convention as PyTorch's
+# `scaled_dot_product_attention`). The mask acts on the *scores*, **before** the softmax: hidden scores are
+# replaced by a huge negative number, so their exponential is 0 and the visible weights still sum to one.
+# Zeroing weights *after* the softmax would leave rows that no longer sum to one:
+
+# %%
+scores = torch.tensor([[2.0, 1.0, 0.5]])
+mask = torch.tensor([[True, True, False]])  # the third key is hidden
+before = softmax(scores.masked_fill(~mask, torch.finfo(scores.dtype).min))
+after = softmax(scores).masked_fill(~mask, 0.0)
+print("masked before softmax:", before, " row sum", f"{before.sum():.4f}")
+print("zeroed after softmax :", after, " row sum", f"{after.sum():.4f}")
+
+# %% [markdown]
+# ### Exercise 4 — `scaled_attention`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
+#
+# Write `scaled_attention(q, k, v, mask=None)`: scaled dot-product attention, returning the tuple
+# `(output, weights)`.
+#
+# * `q`: `[..., L_q, d_k]`, `k`: `[..., L_k, d_k]`, `v`: `[..., L_k, d_v]`.
+# * `mask`: `None`, or a bool tensor broadcastable to `[..., L_q, L_k]`, `True` = may attend. Every query
+#   in the tests can see at least one key.
+# * returns `output` `[..., L_q, d_v]` and `weights` `[..., L_q, L_k]` (each row sums to 1).
+#
+# Worked example: `q = torch.tensor([[1., 0.]])`, `k = torch.tensor([[1., 0.], [0., 1.]])`,
+# `v = torch.tensor([[10., 0.], [0., 10.]])`, no mask: the scores are $[1, 0]/\sqrt{2}$, the weights about
+# `[0.67, 0.33]` and the output about `[6.70, 3.30]`. With `mask = torch.tensor([[False, True]])` the weights
+# are `[0., 1.]` and the output `[0., 10.]`.
+#
+# You may use your `softmax` and `attention_scores`, or `torch.softmax`.
+#
+# <details><summary>Hint 1</summary>Three steps: scores (scaled), mask the scores, softmax over the keys (<code>dim=-1</code>), then <code>weights @ v</code>.</details>
+# <details><summary>Hint 2</summary><code>scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)</code> hides the keys where the mask is False; <code>float("-inf")</code> works too as long as every row keeps a visible key.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "scaled_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def scaled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None):
+    """Scaled dot-product attention.
+
+    q: [..., L_q, d_k], k: [..., L_k, d_k], v: [..., L_k, d_v];
+    mask: bool, broadcastable to [..., L_q, L_k], True = may attend.
+    Returns (output [..., L_q, d_v], weights [..., L_q, L_k]).
+    """
+    ### BEGIN SOLUTION
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [..., L_q, L_k]
+    if mask is not None:
+        # before the softmax, so the visible weights still sum to one
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)  # [..., L_q, L_k]
+    return weights @ v, weights  # [..., L_q, d_v], [..., L_q, L_k]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "scaled_attention_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_scaled_attention(scaled_attention)
+### BEGIN HIDDEN TESTS
+check_scaled_attention(scaled_attention, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# The worked example of the exercise, run with the library's version:
+
+# %%
+from transformer_lib.attention import scaled_dot_product_attention as scaled_attention  # the reference: the rest of the chapter runs even if your answer is unfinished
+
+q_ex, k_ex = torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+v_ex = torch.tensor([[10.0, 0.0], [0.0, 10.0]])
+out, w = scaled_attention(q_ex, k_ex, v_ex)
+print("no mask  : weights", w, " output", out)
+out, w = scaled_attention(q_ex, k_ex, v_ex, mask=torch.tensor([[False, True]]))
+print("key 1 hid: weights", w, " output", out)
+
+# %% [markdown]
+# ## 6. The toy example of document 003, number by number
+#
+# Document 003 (§2) walks through self-attention for the three tokens of section 1 by hand. We follow
+# token 1. One thing to know first: **the document does not divide by $\sqrt{d_k}$** — its scores are the
+# plain products `queries @ keys.T`. To reproduce its numbers we do the same (the library's
+# `scaled_dot_product_attention` takes `scale=1.0` for that); at the end we see what the scale would change.
+#
+# Step 1, the scores of token 1 against the three keys:
+
+# %%
+scores_1 = Q_toy[0] @ K_toy.T  # [3], no sqrt(d_k) scale, as in the document
+print("scores of token 1:", scores_1)
+print("all scores Q K^T =\n", Q_toy @ K_toy.T)
+
+# %% [markdown]
+# Step 2, softmax. The document writes the weights as 0.0, 0.5 and 0.5: rounded to the nearest half.
+
+# %%
+weights_1 = softmax(scores_1)
+rounded_1 = (weights_1 * 2).round() / 2  # to the nearest 0.5, as the document does
+print("exact weights  :", weights_1)
+print("rounded weights:", rounded_1)
+
+# %% [markdown]
+# Step 3, scale each value by its weight and add them up. With the rounded weights we get the document's
+# result, $[2.0, 7.0, 1.5]$:
+
+# %%
+weighted = rounded_1[:, None] * V_toy  # [3 keys, d_v]: row j is (rounded weight j) * v_j
+print("rounded weight x value, one row per key:\n", weighted)
+print("sum (the document's output):", weighted.sum(dim=0))
+
+# %% [markdown]
+# With the exact weights the output is $\approx [1.94, 6.68, 1.60]$ instead. The whole difference comes from the
+# rounding: token 1's own value $v_1 = [1, 2, 3]$ really gets weight 0.063, not 0, and $v_2$, $v_3$ get 0.468
+# each, not 0.5. The rounded result equals the exact one plus $\sum_j (\tilde a_j - a_j)\, v_j$, where
+# $\tilde a$ are the rounded weights:
+
+# %%
+out_exact, _ = scaled_attention(Q_toy, K_toy, V_toy, scale=1.0)  # the library, unscaled like the document
+delta = rounded_1 - weights_1
+print("exact output of token 1       :", [f"{z:.2f}" for z in out_exact[0].tolist()])
+print("weight changes from rounding  :", delta)
+print("their effect, sum (dw_j * v_j):", delta @ V_toy)
+print("exact + effect                :", out_exact[0] + delta @ V_toy)
+
+# %% [markdown]
+# Rounding 0.063 down to 0 and 0.468 up to 0.5 moves the output —
+# enough to change the printed numbers (by up to about 0.3 here), not the story: token 1 listens mostly to tokens 2 and 3.
+#
+# And with the $\sqrt{d_k}$ scale ($d_k = 3$) the scores shrink by $\sqrt{3}$, the weights are flatter, and the
+# output moves again:
+
+# %%
+out_scaled, w_scaled = scaled_attention(Q_toy, K_toy, V_toy)  # default scale 1/sqrt(3)
+print("scaled weights of token 1:", w_scaled[0])
+print("scaled output of token 1 :", [f"{z:.2f}" for z in out_scaled[0].tolist()])
+
+# %% [markdown]
+# ## 7. The matrix form: the whole sentence at once
+#
+# Nothing in sections 2–6 was special to token 1. Stack all queries into $Q$, and the same three steps
+# work for every token simultaneously:
+#
+# $$Z = \mathrm{softmax}\!\left(\frac{(XW^Q)(XW^K)^\top}{\sqrt{d_k}}\right) XW^V,$$
+#
+# with the softmax taken along each row. Each row of $Z$ is one token's new, context-aware vector. Two matrix
+# products replace a loop over tokens, which is what lets a GPU process a whole sentence in parallel (an RNN
+# must go word by word).
+
+# %% [markdown]
+# ### Exercise 5 — `self_attention`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
+#
+# Write `self_attention(x, w_q, w_k, w_v)` in matrix form, returning `(output, weights)`.
+#
+# * `x`: `[..., seq, d_model]`; `w_q`, `w_k`: `[d_model, d_k]`; `w_v`: `[d_model, d_v]`.
+# * returns `output` `[..., seq, d_v]` and `weights` `[..., seq, seq]`. No mask.
+#
+# Worked example: the toy example of section 6 (with the scale, $d_k = 3$) gives token 1 the output printed
+# in the last cell above.
+#
+# Write it with matrix products, without a Python loop over tokens. You may use your earlier functions or
+# write the steps out.
+#
+# <details><summary>Hint 1</summary>Project, score, softmax, mix: four lines. <code>d_k</code> is the number of columns of <code>w_q</code>, not the embedding size.</details>
+# <details><summary>Hint 2</summary><code>q, k, v = x @ w_q, x @ w_k, x @ w_v</code>; <code>weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)</code>; return <code>weights @ v, weights</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "self_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def self_attention(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor):
+    """Single-head self-attention in matrix form.
+
+    x: [..., seq, d_model]; w_q, w_k: [d_model, d_k]; w_v: [d_model, d_v].
+    Returns (output [..., seq, d_v], weights [..., seq, seq]).
+    """
+    ### BEGIN SOLUTION
+    q, k, v = x @ w_q, x @ w_k, x @ w_v  # [..., seq, d_k], [..., seq, d_k], [..., seq, d_v]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [..., seq, seq]
+    weights = torch.softmax(scores, dim=-1)  # each row sums to 1 over the keys
+    return weights @ v, weights  # [..., seq, d_v], [..., seq, seq]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "self_attention_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_self_attention(self_attention)
+### BEGIN HIDDEN TESTS
+check_self_attention(self_attention, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Is the matrix form really the same as doing one token at a time? Compare it with a plain loop over the
+# tokens of a random sentence:
+
+# %%
+from transformer_lib.attention import self_attention  # the reference: the rest of the chapter runs even if your answer is unfinished
+
+d_model, d_head, seq = 8, 4, 6
+x = torch.randn(seq, d_model)
+w_q, w_k, w_v = (torch.randn(d_model, d_head) for _ in range(3))
+
+Z, A = self_attention(x, w_q, w_k, w_v)  # [seq, d_head], [seq, seq]
+
+rows = []
+for i in range(seq):  # one token at a time: its query against every key
+    q_i = x[i] @ w_q                                       # [d_head]
+    a_i = softmax((x @ w_k) @ q_i / math.sqrt(d_head))     # [seq]
+    rows.append(a_i @ (x @ w_v))                           # [d_head]
+Z_loop = torch.stack(rows)
+print("output shape:", tuple(Z.shape), " weights shape:", tuple(A.shape))
+print(f"largest difference, matrix form vs loop: {(Z - Z_loop).abs().max():.1e}")
+print("rows of the weights sum to:", A.sum(dim=-1))
+
+# %% [markdown]
+# ## 8. Permutation equivariance: attention does not know the order
+#
+# **Predict** before running: shuffle the tokens of the sentence (same embeddings, new order) and run the
+# same self-attention. What happens to the outputs?
+#
+# * (a) they all change;
+# * (b) they are the same vectors, shuffled in the same way as the inputs;
+# * (c) they don't change at all.
+
+# %%
+perm = torch.tensor([3, 0, 5, 1, 4, 2])  # new position i holds old token perm[i]
+Z_perm, A_perm = self_attention(x[perm], w_q, w_k, w_v)
+print("outputs of the shuffled sentence == shuffled outputs:      ", torch.allclose(Z_perm, Z[perm], atol=1e-6))
+print("weights == old weights with rows and columns shuffled:     ", torch.allclose(A_perm, A[perm][:, perm], atol=1e-6))
+print("outputs unchanged in place:                                ", torch.allclose(Z_perm, Z, atol=1e-6))
+
+# %% [markdown]
+# Answer (b). Each output depends on its own query and on the *set* of keys and values; a sum over the keys
+# does not care in which order they come. Self-attention is **permutation equivariant**: permute the inputs
+# and the outputs are permuted the same way. So "dog bites man" and "man bites dog" give each word exactly the
+# same vector. Language needs order, and chapter 04 adds it back with **positional encodings**.
+
+# %% [markdown]
+# ## 9. An attention heatmap
+#
+# The weight matrix $A$ is easiest to read as a picture: one row per query token, one column per key token,
+# darker = more attention. Take the sentence from document 000 (§4), *the animal didn't cross the street
+# because it was tired*.
+#
+# A trained model learns $W^Q$ and $W^K$ from data (chapter 07 trains one). To see how a heatmap reads,
+# we build them **by hand** here. Each word gets a few interpretable features, its key advertises those
+# features, and its query asks for features it "wants": a pronoun looks for an animate noun, a verb for
+# nouns, the state *tired* for something animate that can be tired. Nouns and function words ask for nothing.
+
+# %%
+features = ["noun", "animate", "place", "pronoun", "verb", "function", "state"]
+column = {f: i for i, f in enumerate(features)}
+lexicon = {  # word -> its features (all 1 unless given)
+    "the": {"function": 1}, "animal": {"noun": 1, "animate": 1}, "didn't": {"verb": 0.5, "function": 0.5},
+    "cross": {"verb": 1}, "street": {"noun": 1, "place": 1}, "because": {"function": 1},
+    "it": {"pronoun": 1}, "was": {"verb": 0.5, "function": 0.5}, "tired": {"state": 1},
+}
+tokens = "the animal didn't cross the street because it was tired".split()
+x_sent = torch.zeros(len(tokens), len(features))  # [seq, d_model]
+for i, word in enumerate(tokens):
+    for f, value in lexicon[word].items():
+        x_sent[i, column[f]] = value
+
+# What each feature asks for (rows of W^Q): a query is the sum of the wishes of its token's features.
+w_q_sent = torch.zeros(len(features), len(features))
+w_q_sent[column["pronoun"], column["noun"]] = 1.0     # "it" looks for a noun ...
+w_q_sent[column["pronoun"], column["animate"]] = 1.0  # ... that is animate
+w_q_sent[column["verb"], column["noun"]] = 1.0        # verbs look for their nouns
+w_q_sent[column["state"], column["animate"]] = 1.0    # "tired": who is tired?
+w_q_sent *= 4.0  # sharper preferences
+w_k_sent = torch.eye(len(features))  # a key simply advertises the token's features
+w_v_sent = torch.eye(len(features))  # (the values don't matter for the picture)
+
+_, A_sent = self_attention(x_sent, w_q_sent, w_k_sent, w_v_sent)  # [seq, seq]
+
+fig, ax = plt.subplots(figsize=(6, 5))
+im = ax.imshow(A_sent, cmap="Blues", vmin=0, vmax=1)
+ax.set_xticks(range(len(tokens)), tokens, rotation=45, ha="right")
+ax.set_yticks(range(len(tokens)), tokens)
+ax.set_xlabel("key (attended to)")
+ax.set_ylabel("query (attending)")
+ax.set_title("Self-attention weights, hand-made W^Q and W^K")
+fig.colorbar(im, ax=ax, fraction=0.046)
+fig.tight_layout()
+plt.show()
+
+it = tokens.index("it")
+print("row of 'it':", {t: round(w, 2) for t, w in zip(tokens, A_sent[it].tolist())})
+
+# %% [markdown]
+# Reading the picture:
+#
+# * The row of *it* puts most of its weight on *animal* (the printed row above): with these matrices the
+#   pronoun resolves to the animate noun — the kind of relation document 000 shows trained models learning.
+# * *tired* gives its largest weight to *animal* too, and the verbs spread their attention over the two nouns.
+# * The nouns and the function words (*the*, *because*) have a zero query, so every score in their row is 0
+#   and softmax gives a **uniform** row: no preference is not the same as no attention.
+# * The two *the* tokens have identical rows and identical columns: they are the same vector, and with no
+#   position information attention cannot tell them apart (section 8 again).
+#
+# One caveat keeps us honest: here the query of *it* depends only on the word *it*, so it would pick *animal*
+# even in "… because it was too **wide**". In a trained Transformer, the layers below have already mixed
+# context into each token's vector, which is how the same pronoun can end up pointing at *street* instead.
+
+# %% [markdown]
+# ## Summary
+#
+# * Each token gets a **query**, a **key** and a **value**, three learned projections of the same embedding:
+#   $Q = XW^Q$, $K = XW^K$, $V = XW^V$.
+# * A **score** is a dot product $q_i \cdot k_j$; all of them at once are $QK^\top$, shape `[L_q, L_k]`.
+# * For unit-variance entries, the variance of $q \cdot k$ is $d_k$ (measured above). Dividing by $\sqrt{d_k}$
+#   keeps it at 1, which keeps the softmax away from a one-hot output with vanishing gradients.
+# * **Softmax** turns each row of scores into weights that sum to 1; subtracting the row maximum first
+#   prevents overflow.
+# * The output is the **weighted sum** of the values. **Masks** (`True` = may attend) act on the scores,
+#   before the softmax.
+# * The document's toy output $[2.0, 7.0, 1.5]$ uses weights rounded to 0.0/0.5/0.5 and no scale; the exact
+#   unscaled output is $\approx [1.94, 6.68, 1.60]$.
+# * Self-attention is **permutation equivariant**: it sees a set of tokens, not a sequence.
+#
+# ## What's next
+#
+# One set of $W^Q, W^K, W^V$ can only express one notion of relevance at a time. Chapter 03,
+# **multi-head attention**, runs several smaller attentions side by side — like the several filters of a
+# convolutional layer — and combines what they find, for the same number of parameters.
+
+# %% [markdown]
+# ## Glossary · 术语表
+#
+# | English | 中文 | Meaning |
+# |---|---|---|
+# | self-attention | 自注意力 | every token of a sequence attends to every token of the same sequence |
+# | query | 查询向量 (Q) | what a token is looking for: $q_i = x_i W^Q$ |
+# | key | 键向量 (K) | what a token offers to be matched against: $k_i = x_i W^K$ |
+# | value | 值向量 (V) | what a token hands over when attended to: $v_i = x_i W^V$ |
+# | projection matrix | 投影矩阵 / 参数矩阵 | a learned matrix ($W^Q$, $W^K$, $W^V$) mapping embeddings to queries, keys, values |
+# | attention score | 注意力分数 | the dot product $q_i \cdot k_j$ (scaled by $1/\sqrt{d_k}$) |
+# | scaled dot-product attention | 缩放点积注意力 | $\mathrm{softmax}(QK^\top/\sqrt{d_k})\,V$ |
+# | softmax | softmax 归一化 | turns a row of scores into positive weights summing to 1 |
+# | attention weights | 注意力权重 | the softmax of the scores; row $i$ says how much token $i$ takes from each token |
+# | saturation | 饱和 | softmax output close to one-hot, where its gradients almost vanish |
+# | numerical stability | 数值稳定性 | computing without overflow/underflow, e.g. subtracting the max before `exp` |
+# | weighted sum | 加权求和 | the output $z_i = \sum_j a_{ij} v_j$ |
+# | mask | 掩码 | boolean tensor, `True` = may attend; applied to the scores before softmax |
+# | permutation equivariance | 置换等变性 | permuting the input tokens permutes the outputs the same way |
+# | attention heatmap | 注意力热力图 | picture of the weight matrix, queries on rows, keys on columns |
