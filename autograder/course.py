@@ -138,6 +138,21 @@ def original_tests(course: Course, chapter: str) -> dict[str, str]:
     return tests
 
 
+def answer_cells(course: Course, chapter: str) -> dict[str, str]:
+    """test grade_id -> grade_id of the answer cell it tests (the last one before it)."""
+    import nbformat
+
+    nb = nbformat.read(course.solutions / chapter / f"{chapter}.ipynb", as_version=4)
+    answers, last_answer = {}, None
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution"):
+            last_answer = meta["grade_id"]
+        elif meta.get("grade") and last_answer is not None:
+            answers[meta["grade_id"]] = last_answer
+    return answers
+
+
 # -- the independent check ---------------------------------------------------------------
 
 
@@ -241,10 +256,14 @@ def _graded_cell_ids(notebook: Path) -> set[str]:
     return {c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")}
 
 
-def _set_zero(gb, grade_id: str, chapter: str, student: str) -> None:
+def _set_zero(gb, grade_id: str, chapter: str, student: str, why: str, answer_id: str | None) -> None:
+    """Score a test cell 0, and say why in a comment on its answer cell, which the feedback shows."""
     grade = gb.find_grade(grade_id, chapter, chapter, student)
     grade.manual_score = 0.0
     grade.needs_manual_grade = False
+    if answer_id is not None:
+        comment = gb.find_comment(answer_id, chapter, chapter, student)
+        comment.manual_comment = "\n".join(filter(None, [comment.manual_comment, f"{grade_id}: {why}"]))
     gb.db.commit()
 
 
@@ -289,9 +308,11 @@ def grade(course: Course, cell_timeout: int = 120, independent_check: bool = Tru
         course.nbgrader("autograde", chapter, "--create", "--force", *extra, cell_timeout=cell_timeout)
 
     with Gradebook(course.db_url, "transformer-course") as gb:
+        answers = {chapter: answer_cells(course, chapter) for chapter in chapters}
         for (student, chapter), gone in missing_cells.items():
             for gid in gone:
-                _set_zero(gb, gid, chapter, student)
+                _set_zero(gb, gid, chapter, student, "this test cell was deleted from the submission: scored 0",
+                          answers[chapter].get(gid))
 
         if independent_check:
             for chapter in chapters:
@@ -305,8 +326,9 @@ def grade(course: Course, cell_timeout: int = 120, independent_check: bool = Tru
                     for gid, why in judge_tests(tests, outputs, problem).items():
                         grade = gb.find_grade(gid, chapter, chapter, student)
                         if (grade.score or 0) > 0:
-                            _set_zero(gb, gid, chapter, student)
-                            report.note(student, chapter, f"'{gid}' passed inside the notebook but failed the independent check: {why}; scored 0")
+                            note = f"passed inside the notebook but failed the independent check: {why}; scored 0"
+                            _set_zero(gb, gid, chapter, student, note, answers[chapter].get(gid))
+                            report.note(student, chapter, f"'{gid}' {note}")
 
         for chapter in chapters:
             max_score = gb.find_assignment(chapter).max_score

@@ -16,7 +16,7 @@ from course_files import course_cli
 pytestmark = pytest.mark.slow
 
 TAMPERED = "02_self_attention"  # the chapter the adversarial submissions are made from
-CELL_TIMEOUT = 30
+CELL_TIMEOUT = 15
 SOLUTION_REGION = re.compile(r"^([ \t]*)### BEGIN SOLUTION\n.*?^[ \t]*### END SOLUTION[ \t]*$", re.S | re.M)
 
 
@@ -60,11 +60,11 @@ def graded(tmp_path_factory):
     _replace_answer(_exercises(nb)[2][0], "while True:\n    pass")
     _submit(course, "erin_endless_loop", TAMPERED, nb)
 
-    nb = solution(TAMPERED)  # frank: a wrong answer that patches the checker in the kernel
-    _replace_answer(_exercises(nb)[0][0], (
-        "import transformer_lib.checks.core as _core\n"
-        "_core.Checker.__call__ = lambda self, fn, hidden=False: print('\\u2713 all cases match')\n"
-        "return None"))
+    nb = solution(TAMPERED)  # frank: a wrong answer, and a patch that makes every check pass in the kernel
+    answer = _exercises(nb)[0][0]
+    _replace_answer(answer, "return None")
+    answer.source += ("\n\nimport transformer_lib.checks.core as _core\n"
+                      "_core.Checker.__call__ = lambda self, fn, hidden=False: print('\\u2713 all cases match')\n")
     _submit(course, "frank_patched_checker", TAMPERED, nb)
 
     broken = course.submitted / "gina_broken_json" / TAMPERED / f"{TAMPERED}.ipynb"
@@ -131,6 +131,8 @@ def test_patching_the_checker_in_the_kernel_gains_nothing(graded):
     assert _cell_scores(course, "frank_patched_checker", TAMPERED)[first][0] == 0
     notes = report.notes[("frank_patched_checker", TAMPERED)]
     assert any("independent check" in n and first in n for n in notes), notes
+    page = course.feedback / "frank_patched_checker" / TAMPERED / f"{TAMPERED}.html"
+    assert "failed the independent check" in html.unescape(page.read_text()), "the feedback tells the student why"
 
 
 def test_broken_notebook_scores_zero_is_reported_and_kept(graded):

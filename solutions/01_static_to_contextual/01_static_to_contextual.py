@@ -1,0 +1,916 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 01 — From static word vectors to contextual ones · 从静态词向量到上下文表示
+#
+# A neural network computes with numbers, so the first thing any language model does is turn each
+# word into a vector. For years the standard answer was a **static word vector** (word2vec, GloVe):
+# one fixed vector per word, learned once from a large text and then looked up. This chapter builds
+# such vectors with your own hands, finds out what they are good at, and then finds out where they
+# break: the word *apple* (苹果) is a fruit in "I ate an apple" and a company in "Apple held a launch
+# event", but a static table gives it a single vector for both.
+#
+# The fix, and the idea behind the Transformer, is to treat the looked-up vector only as a starting
+# point and to **mix in the context**: each word's final vector is a weighted combination of the
+# vectors around it, with weights computed by *attention*. By the end of the chapter you will have
+#
+# 1. built word vectors from co-occurrence counts (counts → PPMI → SVD) on real English text;
+# 2. measured how a single vector for *apple* blends its two senses;
+# 3. made the vector of *apple* depend on its sentence with a few lines of attention;
+# 4. toured the Transformer's architecture: encoder, decoder, encoder–decoder;
+# 5. computed attention as **alignment** between a translation and its source;
+# 6. seen, with a timer and with gradients, why recurrent networks (RNNs) were replaced.
+#
+# Four exercises are autograded: `cooccurrence_counts`, `ppmi`, `cosine_similarity` and `alignment`.
+# When an answer is wrong, the test cell tells you which common mistake it looks like.
+
+# %%
+import time
+
+import matplotlib.pyplot as plt
+import torch
+
+from transformer_lib.checks.ch01 import (
+    check_alignment,
+    check_cooccurrence_counts,
+    check_cosine_similarity,
+    check_ppmi,
+)
+from transformer_lib.corpus import (
+    APPLE_COMPANY_SENTENCE,
+    APPLE_FRUIT_SENTENCE,
+    apple_corpus,
+    pydoc_paragraphs,
+    pydoc_tokens,
+    tokenize,
+)
+from transformer_lib.static_vectors import StaticVectors, build_vocabulary, svd_vectors
+
+torch.manual_seed(0)
+torch.set_printoptions(precision=4, sci_mode=False)
+
+# %% [markdown]
+# ## 1. One word, one vector · 一词一向量
+#
+# ### 1.1 You shall know a word by the company it keeps
+#
+# How can a program learn what a word means without a dictionary? The **distributional hypothesis**
+# (Harris 1954, Firth 1957) says: look at its neighbours. Words that appear in similar contexts tend
+# to have similar meanings. In a text about Python we would expect *list* and *tuple* to keep much
+# the same company (items, brackets, empty, ...), and *true* and *false* too. Count the neighbours of
+# every word and you have a description of it — a long vector of counts.
+#
+# We need English text, and we will not download anything. Every Python installation ships the
+# text of its own `help()` pages in `pydoc_data.topics`: about half a million characters of
+# reference prose about Python. `transformer_lib.corpus` keeps the prose paragraphs (no code blocks, no grammar
+# rules) and splits them into lowercase word tokens.
+
+# %%
+from pydoc_data.topics import topics
+
+print(f"{len(topics)} help topics, {sum(len(text) for text in topics.values())} characters")
+paragraphs = pydoc_paragraphs()
+tokens = pydoc_tokens()
+print(f"{len(paragraphs)} paragraphs, {len(tokens)} tokens, {len(set(tokens))} distinct words")
+print(paragraphs[200][:160], "...")
+print(tokenize(paragraphs[200])[:14])
+
+# %% [markdown]
+# Words seen only once or twice have too few neighbours to say anything reliable about them, so the
+# **vocabulary** keeps the words that occur at least 5 times. Each word gets an integer **id**; ids are
+# ordered by frequency, and the text becomes a tensor of ids (words outside the vocabulary are dropped).
+
+# %%
+vocab = build_vocabulary(tokens, min_count=5)
+token_ids = vocab.encode(tokens)  # [n]
+print(f"vocabulary: {len(vocab)} words; the text is {len(token_ids)} ids long")
+print("most frequent:", vocab.words[:12])
+print("the id of 'exception':", vocab.id("exception"))
+
+# %% [markdown]
+# ### 1.2 Counting neighbours
+#
+# Slide a **window** over the text: for every position $i$, the words at positions $i-w, \dots, i-1$ and
+# $i+1, \dots, i+w$ are its neighbours. The **co-occurrence matrix** $C$ has one row and one column per
+# vocabulary word:
+#
+# $$C_{ab} = \#\{(i, j) : \mathrm{id}_i = a,\ \mathrm{id}_j = b,\ 1 \le |i - j| \le w\}.$$
+#
+# Every pair is seen from both sides (if *b* is near *a*, *a* is near *b*), so $C$ is symmetric. A
+# position is never its own neighbour; but in "very very" the word *very* has itself as a neighbour,
+# which lands on the diagonal.
+#
+# **Predict first:** in a text of $n$ tokens (with $n > w$), how many counts does $C$ hold in total, that
+# is, what is `counts.sum()`? Write your guess down; a cell after the exercise prints it.
+
+# %% [markdown]
+# ### Exercise 1 — `cooccurrence_counts`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
+#
+# Write `cooccurrence_counts(token_ids, vocab_size, window)`.
+#
+# * `token_ids`: a 1-D `LongTensor` `[n]` of ids in `[0, vocab_size)`;
+# * `window`: how many neighbours to look at **on each side**;
+# * returns a `float32` tensor `[vocab_size, vocab_size]` with `counts[a, b]` as defined above.
+#
+# Worked example: the text "to be or not to be" with ids `to=0, be=1, or=2, not=3` is `[0, 1, 2, 3, 0, 1]`.
+# With `window=1`, *to* has neighbours *be* (twice) and *not* (once), so row 0 is `[0, 2, 0, 1]`;
+# the cell after the test prints the whole matrix.
+#
+# <details><summary>Hint 1</summary>Start with <code>counts = torch.zeros(vocab_size, vocab_size)</code>. Loop over the positions
+# <code>i</code>, and for each one over <code>j</code> from <code>i - window</code> to <code>i + window</code>; skip <code>j == i</code> and the
+# <code>j</code> that fall outside the text.</details>
+# <details><summary>Hint 2</summary>Inside the loop: <code>counts[token_ids[i], token_ids[j]] += 1</code>. For speed you can instead loop over the
+# offset <code>d = 1..window</code> and add all pairs <code>(token_ids[:-d], token_ids[d:])</code> at once, in both directions, with
+# <code>counts.index_put_((a, b), torch.ones(len(a)), accumulate=True)</code>. (A plain <code>counts[a, b] += 1</code> on index tensors
+# counts a repeated pair only once!)</details>
+
+# %% nbgrader={"grade": false, "grade_id": "cooccurrence_counts", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def cooccurrence_counts(token_ids: torch.Tensor, vocab_size: int, window: int) -> torch.Tensor:
+    """Co-occurrence counts within `window` positions on each side.
+
+    token_ids: LongTensor [n]; returns float32 [vocab_size, vocab_size], symmetric.
+    """
+    ### BEGIN SOLUTION
+    counts = torch.zeros(vocab_size, vocab_size)  # [V, V]
+    n = len(token_ids)
+    for offset in range(1, window + 1):
+        if offset >= n:
+            break
+        left, right = token_ids[:-offset], token_ids[offset:]  # pairs (i, i + offset)
+        ones = torch.ones(len(left))
+        counts.index_put_((left, right), ones, accumulate=True)  # right neighbours
+        counts.index_put_((right, left), ones, accumulate=True)  # left neighbours
+    return counts
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "cooccurrence_counts_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_cooccurrence_counts(cooccurrence_counts)
+### BEGIN HIDDEN TESTS
+check_cooccurrence_counts(cooccurrence_counts, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+print(cooccurrence_counts(torch.tensor([0, 1, 2, 3, 0, 1]), vocab_size=4, window=1))
+
+# %% [markdown]
+# Now on the whole help text, with a window of 4 words on each side. (From here on the chapter uses
+# the library's reference, so it runs even if your answer is unfinished.)
+
+# %%
+from transformer_lib.static_vectors import cooccurrence_counts  # the reference: the rest of the chapter runs even if your answer is unfinished
+
+WINDOW = 4
+counts = cooccurrence_counts(token_ids, len(vocab), WINDOW)  # [V, V]
+n = len(token_ids)
+print("counts:", list(counts.shape), "| symmetric:", torch.equal(counts, counts.T))
+print(f"total counts {counts.sum().item():.0f}  vs  2 * (w*n - w*(w+1)/2) = {2 * (WINDOW * n - WINDOW * (WINDOW + 1) // 2)}")
+print(f"share of word pairs never seen together: {(counts == 0).float().mean().item():.1%}")
+print("C[true, false] =", counts[vocab.id("true"), vocab.id("false")].item())
+
+# %% [markdown]
+# Each of the $n$ positions has up to $w$ neighbours on each side; only the first and last $w$ positions
+# miss some, hence $2\,(wn - w(w+1)/2)$. Also note how sparse $C$ is: most pairs of words never meet.
+#
+# ### 1.3 From counts to association: PPMI
+#
+# Raw counts are dominated by frequent words. Here are the words that appear most often near
+# *exception* and near *true*:
+
+# %%
+def top_contexts(matrix: torch.Tensor, word: str, k: int = 8) -> list[str]:
+    """The k context words with the largest entries in `word`'s row."""
+    return [vocab.words[i] for i in matrix[vocab.id(word)].topk(k).indices.tolist()]
+
+
+for word in ["exception", "true"]:
+    print(f"{word:>9}, by raw count:", top_contexts(counts, word))
+
+# %% [markdown]
+# *the*, *is*, *if*: true, and useless — they are near every word. What we want is "how much **more
+# often** than chance do these two words meet?". If words were scattered at random, *a* and *b* would
+# meet with probability $P(a)\,P(b)$. **Pointwise mutual information** compares that with what we saw:
+#
+# $$\mathrm{PMI}(a, b) = \log \frac{P(a, b)}{P(a)\,P(b)} = \log \frac{C_{ab}\, N}{C_{a\cdot}\; C_{\cdot b}},$$
+#
+# where $N = \sum_{ab} C_{ab}$ is the total count, $C_{a\cdot}$ the sum of row $a$ and $C_{\cdot b}$ the sum of
+# column $b$. PMI is positive when the words attract each other, negative when they avoid each other,
+# and $-\infty$ when they never met. Negative values come from too little data to be trusted (two rare
+# words *should* rarely meet), so we keep only the positive part — **positive PMI**:
+#
+# $$\mathrm{PPMI}(a, b) = \max\big(\mathrm{PMI}(a, b),\ 0\big), \qquad \text{and } 0 \text{ where } C_{ab} = 0.$$
+
+# %% [markdown]
+# ### Exercise 2 — `ppmi`
+# > **Difficulty** ●●○ · **Importance** ●●○ · about 15 minutes
+#
+# Write `ppmi(counts)`.
+#
+# * `counts`: a floating-point tensor `[V, C]` (rows: words, columns: contexts; it need not be symmetric);
+# * returns a tensor of the same shape and dtype with the PPMI of every entry, natural log.
+#
+# Entries with `counts == 0` must come out as `0` — including whole rows or columns of zeros (a word
+# that never occurs), where the formula reads $0/0$. No `inf`, no `NaN`.
+#
+# Worked example: `counts = [[2, 0], [0, 2]]` has $N = 4$ and all row and column sums 2, so
+# $\mathrm{PPMI}_{00} = \log(2 \cdot 4 / (2 \cdot 2)) = \log 2 \approx 0.6931$ and the off-diagonal entries are 0.
+#
+# <details><summary>Hint 1</summary>Row sums with <code>counts.sum(dim=1, keepdim=True)</code> (shape <code>[V, 1]</code>), column sums with
+# <code>counts.sum(dim=0, keepdim=True)</code> (shape <code>[1, C]</code>); broadcasting then gives every <code>(a, b)</code> its pair of sums.</details>
+# <details><summary>Hint 2</summary>Make the ratio safe <em>before</em> the log:
+# <code>ratio = torch.where(counts > 0, counts * total / (row * col), 1.0)</code> (log 1 = 0), then
+# <code>torch.log(ratio).clamp_min(0)</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "ppmi", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def ppmi(counts: torch.Tensor) -> torch.Tensor:
+    """Positive pointwise mutual information of a [V, C] count matrix (same shape and dtype)."""
+    ### BEGIN SOLUTION
+    total = counts.sum()  # N
+    row = counts.sum(dim=1, keepdim=True)  # [V, 1]
+    col = counts.sum(dim=0, keepdim=True)  # [1, C]
+    expected = row * col  # [V, C], zero only where the count is zero too
+    ratio = torch.where(counts > 0, counts * total / torch.where(expected > 0, expected, 1.0), 1.0)
+    return torch.log(ratio).clamp_min(0.0)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "ppmi_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_ppmi(ppmi)
+### BEGIN HIDDEN TESTS
+check_ppmi(ppmi, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+print(ppmi(torch.tensor([[2.0, 0.0], [0.0, 2.0]])))
+
+# %%
+from transformer_lib.static_vectors import ppmi  # the reference: the rest of the chapter runs even if your answer is unfinished
+
+association = ppmi(counts)  # [V, V]
+for word in ["exception", "true"]:
+    print(f"{word:>9}, by PPMI:", top_contexts(association, word))
+
+# %% [markdown]
+# The function words are gone. What rises to the top are words that occur *mostly* near the word:
+# *handlers* and *occurred* for *exception*, *evaluates*, *false* and *boolean* for *true*. Some rare
+# words sneak in too, after meeting the word only a few times (PPMI is known to overrate rare
+# words); the next step, which keeps only the strongest patterns of the whole matrix, is less
+# sensitive to such accidents.
+#
+# ### 1.4 Short, dense vectors: the SVD
+#
+# A row of the PPMI matrix already describes a word, but it is long (one entry per vocabulary word)
+# and mostly zeros. The **singular value decomposition** writes the matrix as $M = U S V^\top$, with
+# orthonormal columns in $U$ and $V$ and the singular values in $S$ sorted from largest to smallest.
+# Keeping only the first $k$ columns gives the best rank-$k$ approximation of $M$, and the rows of
+# $U_k S_k^{1/2}$ are $k$-dimensional word vectors. (The exponent $1/2$ instead of 1 is a common choice for
+# PPMI that keeps the first, dominant direction from drowning out the rest; Levy et al., 2015.)
+# `svd_vectors` in the library does this with `torch.linalg.svd`.
+#
+# This is essentially what word2vec learns too: Levy and Goldberg (2014) showed that its training
+# objective is a factorisation of a shifted PMI matrix.
+
+# %%
+DIM = 50
+vectors = svd_vectors(association, DIM)  # [V, 50]
+static = StaticVectors(vocab, vectors)
+print("word vectors:", list(vectors.shape))
+print("the vector of 'list' starts with", vectors[vocab.id("list"), :5])
+
+# %% [markdown]
+# ### 1.5 Comparing vectors: cosine similarity
+#
+# Two word vectors are similar when they point in the same direction. Their length mostly reflects
+# how frequent the word is, so we compare directions only, with the **cosine** of the angle:
+#
+# $$\cos(a, b) = \frac{a \cdot b}{\lVert a \rVert\, \lVert b \rVert} \in [-1, 1].$$
+#
+# ### Exercise 3 — `cosine_similarity`
+# > **Difficulty** ●○○ · **Importance** ●●● · about 10 minutes
+#
+# Write `cosine_similarity(a, b)` returning the cosine of **every** row of `a` with **every** row of `b`.
+#
+# * `a`: `[..., N, d]`, `b`: `[..., M, d]` (possibly with the same leading batch dimensions);
+# * returns `[..., N, M]`.
+#
+# A zero vector has no direction: clamp each norm to at least `1e-8` before dividing, so that its
+# cosine with anything is `0` (not `NaN`).
+#
+# Worked example: `a = [[1, 0], [1, 1]]`, `b = [[2, 0], [0, 3], [0, 0]]` gives
+# `[[1, 0, 0], [0.7071, 0.7071, 0]]`.
+#
+# <details><summary>Hint 1</summary>Normalise first: divide every row by its length, <code>a.norm(dim=-1, keepdim=True)</code>. Then
+# all the cosines are one matrix product.</details>
+# <details><summary>Hint 2</summary><code>a_unit @ b_unit.transpose(-2, -1)</code> (<code>.T</code> would also swap the batch dimensions).</details>
+
+# %% nbgrader={"grade": false, "grade_id": "cosine_similarity", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def cosine_similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Pairwise cosine similarity: a [..., N, d], b [..., M, d] -> [..., N, M]."""
+    ### BEGIN SOLUTION
+    a_unit = a / a.norm(dim=-1, keepdim=True).clamp_min(1e-8)  # [..., N, d]
+    b_unit = b / b.norm(dim=-1, keepdim=True).clamp_min(1e-8)  # [..., M, d]
+    return a_unit @ b_unit.transpose(-2, -1)  # [..., N, M]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "cosine_similarity_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_cosine_similarity(cosine_similarity)
+### BEGIN HIDDEN TESTS
+check_cosine_similarity(cosine_similarity, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+print(cosine_similarity(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([[2.0, 0.0], [0.0, 3.0], [0.0, 0.0]])))
+
+# %% [markdown]
+# ### 1.6 What did the vectors learn?
+#
+# The **nearest neighbours** of a word are the words with the highest cosine to it. **Predict:** which
+# words will be nearest to *true*? To *class*?
+
+# %%
+from transformer_lib.static_vectors import cosine_similarity  # the reference: the rest of the chapter runs even if your answer is unfinished
+
+for word in ["true", "class", "list", "exception", "loop", "dictionary"]:
+    neighbours = ", ".join(f"{w} {s:.2f}" for w, s in static.nearest(word, 5))
+    print(f"{word:>11}: {neighbours}")
+
+# %% [markdown]
+# Not bad for counting: *true* finds *false*, *class* finds *instance*, *method*, *base* and *derived*,
+# *loop* finds *break*. Nobody told the program any of this; it came from the company the words keep.
+#
+# A picture helps. Below, 20 words from four groups are projected from 50 dimensions to 2 (we take
+# the two main directions of just these 20 vectors, principal component analysis, once more with an SVD).
+
+# %%
+GROUPS = {
+    "numbers": ["integer", "float", "complex", "decimal", "number"],
+    "errors": ["typeerror", "attributeerror", "valueerror", "keyerror", "indexerror"],
+    "classes": ["class", "instance", "method", "base", "derived"],
+    "control flow": ["while", "break", "continue", "loop", "else"],
+}
+
+
+def plot_2d(words_by_group: dict, table: StaticVectors, ax, title: str):
+    """Scatter the words' vectors projected on their two main directions (PCA)."""
+    words = [w for group in words_by_group.values() for w in group]
+    points = torch.stack([table[w] for w in words])  # [n, d]
+    # PCA = the SVD of the centred points; U S holds each point's coordinates.
+    coords = svd_vectors(points - points.mean(dim=0), 2, power=1.0)  # [n, 2]
+    start = 0
+    for group, members in words_by_group.items():
+        xy = coords[start:start + len(members)]
+        ax.scatter(xy[:, 0], xy[:, 1], label=group, s=25)
+        for (x, y), w in zip(xy.tolist(), members):
+            ax.annotate(w, (x, y), fontsize=8, xytext=(3, 3), textcoords="offset points")
+        start += len(members)
+    ax.set_title(title, fontsize=10)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+fig, ax = plt.subplots(figsize=(7, 4))
+plot_2d(GROUPS, static, ax, "Static word vectors from Python's help text (PCA to 2-D)")
+ax.legend(fontsize=8, loc="best")
+plt.show()
+
+# %% [markdown]
+# ## 2. One vector, two meanings: 苹果 · 一词多义
+#
+# Static vectors have a hard limit built in: **one word, one vector**, fixed once training is over,
+# whatever sentence the word appears in. Consider *apple* (苹果): in "she ate a ripe apple" it is a
+# fruit (吃苹果), in "Apple announced a new phone" it is a company (苹果发布会). One vector has to
+# serve both.
+#
+# Python's help pages say nothing about fruit, so for this experiment the library generates a small
+# corpus from hand-written templates: half the sentences are about fruit, half about companies.
+# *apple* fills some of the fruit slots and some of the company slots; the other fruits (*pear*,
+# *banana*, ...) and the other companies (*microsoft*, *google*, ...) each keep to their own side.
+
+# %%
+sentences = apple_corpus()
+fruit_sentences, company_sentences = sentences[0::2], sentences[1::2]  # the corpus alternates
+for s in sentences[:6]:
+    print("  ", s)
+print(f"{len(fruit_sentences)} fruit sentences, {sum('apple' in tokenize(s) for s in fruit_sentences)} of them with 'apple'")
+print(f"{len(company_sentences)} company sentences, {sum('apple' in tokenize(s) for s in company_sentences)} of them with 'apple'")
+
+# %% [markdown]
+# The same pipeline as in section 1 (counts in a window of 3 words, inside each sentence; PPMI;
+# SVD to 16 dimensions) is wrapped in one library function, `fit_static_vectors`.
+
+# %%
+from transformer_lib.static_vectors import fit_static_vectors
+
+apple_table = fit_static_vectors([tokenize(s) for s in sentences], dim=16, window=3)
+print(f"{len(apple_table.vocab)} words; 'apple' occurs {apple_table.vocab.counts[apple_table.vocab.id('apple')]} times")
+
+FRUIT = ["banana", "peach", "cherry", "plum"]
+COMPANY = ["google", "samsung", "intel", "nokia"]
+
+
+def sense_table(table: StaticVectors, words: list[str]):
+    """Cosine of each word with the fruit words and with the company words."""
+    print(f"{'':>10} | " + " ".join(f"{w:>8}" for w in FRUIT + COMPANY))
+    for word in words:
+        sims = [table.similarity(word, other) for other in FRUIT + COMPANY]
+        print(f"{word:>10} | " + " ".join(f"{s:8.2f}" for s in sims))
+
+
+sense_table(apple_table, ["pear", "microsoft", "apple"])
+
+# %% [markdown]
+# *pear* is close to every fruit and unrelated to every company; *microsoft* the opposite. *apple* sits in
+# between: moderately similar to both groups, and close to neither. Its nearest neighbours mix the
+# two senses:
+
+# %%
+print(", ".join(f"{w} {s:.2f}" for w, s in apple_table.nearest("apple", 8)))
+
+# %% [markdown]
+# A map makes this visible. Its two axes are meanings: the horizontal position of a word is its
+# cosine with the **fruit centre** (the average vector of *banana, peach, cherry, plum*), the vertical
+# position its cosine with the **company centre** (*google, samsung, intel, nokia*).
+# **Predict:** where on this map will *apple* be?
+
+# %%
+fruit_centre = torch.stack([apple_table[w] for w in FRUIT]).mean(dim=0)  # [16]
+company_centre = torch.stack([apple_table[w] for w in COMPANY]).mean(dim=0)  # [16]
+centres = torch.stack([fruit_centre, company_centre])  # [2, 16]
+
+
+def sense_coordinates(v: torch.Tensor) -> list[float]:
+    """[cosine with the fruit centre, cosine with the company centre] of a vector [16]."""
+    return cosine_similarity(v[None], centres)[0].tolist()
+
+
+def sense_map(ax, title: str):
+    for group, words, colour in [("fruit", ["pear", "grape", "mango"] + FRUIT, "tab:green"),
+                                 ("company", ["microsoft", "amazon", "ibm"] + COMPANY, "tab:blue")]:
+        xy = torch.tensor([sense_coordinates(apple_table[w]) for w in words])
+        ax.scatter(xy[:, 0], xy[:, 1], color=colour, s=20, label=f"{group} words")
+    x, y = sense_coordinates(apple_table["apple"])
+    ax.scatter([x], [y], color="tab:red", s=40, label="apple (static)")
+    ax.set_xlabel("cosine with the fruit centre")
+    ax.set_ylabel("cosine with the company centre")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="upper center")
+
+
+fig, ax = plt.subplots(figsize=(6, 4))
+sense_map(ax, "One static vector for 'apple' has to serve both senses")
+plt.show()
+
+# %% [markdown]
+# The static *apple* is a compromise: a point halfway between the fruit cluster and the company cluster.
+# A model that receives this vector for "she ate a ripe apple" is handed something half company; for
+# "Apple hired engineers" something half fruit. The information needed to tell the senses apart is
+# right there in the sentence, but a lookup table cannot use it.
+#
+# ## 3. Contextual vectors: the same word, a different vector in each sentence · 上下文表示
+#
+# The Transformer keeps the lookup table, but treats its vectors as **initial** representations. Each
+# word then looks at the other words of its sentence and takes in some of their vectors:
+#
+# $$x'_i = \sum_j \alpha_{ij}\, x_j, \qquad \alpha_{ij} = \frac{\exp(s \cdot \cos(x_i, x_j))}{\sum_{j'} \exp(s \cdot \cos(x_i, x_{j'}))}.$$
+#
+# The weights $\alpha_{ij}$ — **attention weights** — are a softmax over the sentence: positive, summing to
+# one, larger for the words most similar to word $i$. The *sharpness* $s$ sets how strongly the weights
+# prefer the most similar words (we use $s = 2$). The same word in two sentences sees two different
+# sets of neighbours, so it gets two different vectors.
+#
+# This is self-attention in its simplest form: no learned parameters yet (chapter 02 adds them).
+# Here are the weights with which *apple* looks at each of two sentences it has never seen:
+
+# %%
+from transformer_lib.attention import scaled_dot_product_attention
+from transformer_lib.static_vectors import contextual_vectors
+
+SHARPNESS = 2.0
+contextual_apple = {}
+for sentence in [APPLE_FRUIT_SENTENCE, APPLE_COMPANY_SENTENCE]:
+    words = tokenize(sentence)
+    x = torch.stack([apple_table[w] for w in words])  # [L, 16] static vectors
+    unit = x / x.norm(dim=-1, keepdim=True)  # dot products of unit vectors are cosines
+    # scores s * cos(x_i, x_j), softmax over j, then the weighted sum of the static vectors
+    mixed, weights = scaled_dot_product_attention(unit, unit, x, scale=SHARPNESS)  # [L, 16], [L, L]
+    torch.testing.assert_close(mixed, contextual_vectors(x, sharpness=SHARPNESS))  # the library's version
+    i = words.index("apple")
+    print(" ".join(f"{w}:{a:.2f}" for w, a in zip(words, weights[i].tolist())))
+    contextual_apple[sentence] = mixed[i]  # [16]
+
+# %% [markdown]
+# *apple* keeps a good part of its own vector; after itself, the largest weights go to *pear* in the
+# first sentence and to *microsoft* in the second. Does that move it toward the right sense? We compare each
+# vector with the average vector of the fruit words and of the company words (the probe words
+# *banana, peach, cherry, plum* and *google, samsung, intel, nokia* do not occur in either sentence):
+
+# %%
+rows = [("static 'apple'", apple_table["apple"])] + [(f"'apple' in: {s}", v) for s, v in contextual_apple.items()]
+print(f"{'':>52} fruit centre  company centre")
+for label, v in rows:
+    fruit_sim, company_sim = sense_coordinates(v)
+    print(f"{label:>52} {fruit_sim:12.2f}  {company_sim:14.2f}")
+
+# %% [markdown]
+# The static vector is about equally close to both senses. After one round of attention, *apple* in the
+# fruit sentence has moved toward the fruits and away from the companies, and *apple* in the company
+# sentence the other way. Same word, same lookup table — two different vectors. On the map:
+
+# %%
+fig, ax = plt.subplots(figsize=(6, 4))
+sense_map(ax, "Attention moves 'apple' toward the sense of its sentence")
+start = sense_coordinates(apple_table["apple"])
+labels = [("in the fruit sentence", (4, -8), "left"), ("in the company sentence", (-4, 4), "right")]
+for v, (label, offset, align) in zip(contextual_apple.values(), labels):
+    end = sense_coordinates(v)
+    ax.annotate("", xy=end, xytext=start, arrowprops=dict(arrowstyle="->", color="tab:red"))
+    ax.annotate(label, end, fontsize=8, color="tab:red", xytext=offset, textcoords="offset points", ha=align)
+plt.show()
+
+# %% [markdown]
+# Real models go much further: the vectors pass through many such layers, and the similarities that
+# decide the weights are computed from *learned* projections (queries and keys, chapter 02). BERT's
+# "dynamic word vectors" (chapter 09) are this idea at full scale: many layers of learned attention,
+# trained on billions of words.
+#
+# ## 4. The big picture: the Transformer's architecture · 整体架构
+#
+# Before the details of the next chapters, a look at the whole building. The original Transformer
+# (Vaswani et al., 2017) was built for translation and has two halves, each a stack of $N$ identical
+# layers ($N = 6$ in the paper):
+#
+# ```
+#                                             next-word probabilities
+#                                                      ▲
+#                                               Linear + softmax
+#                                                      ▲
+#        ┌──────────── × N ────────────┐   ┌──────────── × N ────────────┐
+#        │  feed-forward network       │   │  feed-forward network       │
+#        │  self-attention             │──▶│  encoder–decoder attention  │
+#        │  (every word sees all)      │   │  masked self-attention      │
+#        └─────────────▲───────────────┘   └─────────────▲───────────────┘
+#           embedding + position             embedding + position
+#                      ▲                                 ▲
+#            source: "je suis étudiant"      target so far: "I am"
+#                 ENCODER (理解)                   DECODER (生成)
+# ```
+#
+# (Each sub-layer is also wrapped in a residual connection and a layer normalisation, chapter 05.)
+# The figure splits into four questions, which the next chapters answer one by one:
+#
+# 1. **How is the input encoded?** Word vectors plus a position signal (chapters 04, 08).
+# 2. **What does attention do?** Lets each word re-weight the whole sequence by relevance (chapters 02, 03).
+# 3. **How are the parts combined?** Multi-head attention, residual connections, normalisation and a
+#    feed-forward network, stacked $N$ times (chapters 03, 05).
+# 4. **What comes out?** The decoder produces one word at a time; a linear layer and a softmax turn its
+#    last vector into a probability for each vocabulary word (chapters 06, 07).
+#
+# Later models kept one half or both. Three families:
+
+# %%
+ENCODER, DECODER = "#cfe2f3", "#fce5cd"  # box colours
+
+
+def stack(ax, x, width, title, lines, colour, below, above=None):
+    """A box for a stack of layers at horizontal position x, with what goes in and comes out."""
+    ax.add_patch(plt.Rectangle((x, 2), width, 3, facecolor=colour, edgecolor="k"))
+    ax.text(x + width / 2, 4.7, title, ha="center", va="top", fontsize=9, weight="bold")
+    for k, line in enumerate(lines):
+        ax.text(x + width / 2, 4.05 - 0.45 * k, line, ha="center", va="top", fontsize=8)
+    middle = x + width / 2
+    ax.annotate("", xy=(middle, 2), xytext=(middle, 0.9), arrowprops=dict(arrowstyle="->"))
+    ax.text(middle, 0.5, below, ha="center", fontsize=8)
+    if above:
+        ax.annotate("", xy=(middle, 6), xytext=(middle, 5), arrowprops=dict(arrowstyle="->"))
+        ax.text(middle, 6.2, above, ha="center", fontsize=8)
+
+
+fig, axes = plt.subplots(1, 3, figsize=(8, 3.6))
+for ax, title in zip(axes, ["Encoder-only (BERT)", "Decoder-only (GPT)", "Encoder-decoder (Transformer)"]):
+    ax.set_xlim(0, 6)
+    ax.set_ylim(0, 7)
+    ax.axis("off")
+    ax.set_title(title, fontsize=9)
+stack(axes[0], 1, 4, "Encoder x N", ["self-attention:", "sees the whole input", "+ feed-forward"],
+      ENCODER, below="a sentence", above="a vector per token")
+stack(axes[1], 1, 4, "Decoder x N", ["masked self-attention:", "sees only the past", "+ feed-forward"],
+      DECODER, below="text so far", above="next token")
+stack(axes[2], 0.1, 2.7, "Encoder x N", ["self-", "attention", "+ FFN"], ENCODER, below="source")
+stack(axes[2], 3.2, 2.7, "Decoder x N", ["masked self-", "+ cross-", "attention", "+ FFN"], DECODER,
+      below="target so far", above="next token")
+axes[2].annotate("", xy=(3.2, 3.5), xytext=(2.8, 3.5), arrowprops=dict(arrowstyle="->"))  # cross-attention
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# | family | attention inside | typical use | examples |
+# |---|---|---|---|
+# | encoder-only | self-attention over the whole input | understanding: classify, tag, find an answer span | BERT (ch. 09), ViT (ch. 12) |
+# | decoder-only | masked self-attention (only the past) | generation: continue a text | GPT (ch. 10) |
+# | encoder–decoder | both, plus cross-attention | turn one sequence into another: translate, summarise | original Transformer, T5 (ch. 07) |
+#
+# Inside these stacks, attention comes in three kinds, which differ in where the queries, keys and
+# values come from, and which positions may be seen (chapter 06 builds the masks):
+#
+# | attention | where | queries from | keys and values from | may see |
+# |---|---|---|---|---|
+# | encoder self-attention | encoder layers | the encoder's input | the encoder's input | every input position |
+# | masked self-attention | decoder layers | the decoder's input | the decoder's input | the current and earlier positions |
+# | cross-attention (encoder–decoder attention) | decoder layers | the decoder | the encoder's output | every input position |
+#
+# The last kind is the oldest: it is how attention entered machine translation, as **alignment**.
+#
+# ## 5. Attention as alignment · 注意力即对齐
+#
+# Translate *she is eating a green apple* into French, *elle mange une pomme verte* (in Chinese,
+# 她在吃一个绿苹果). An **encoder** reads the source and produces one vector per source word, the
+# **encoder states** $h_1, \dots, h_S$. A **decoder** writes the translation one word at a time; before
+# writing each word it is in some **decoder state** $s_t$.
+#
+# The early encoder–decoder networks (Sutskever et al., 2014) squeezed the whole source into a single
+# vector: a fixed-size bottleneck, and long sentences did not fit. Attention (Bahdanau et al., 2015)
+# lets the decoder look back at *all* encoder states, each time it writes a word, and focus on the
+# ones that matter now: to write *verte* it should look at *green*. In the simple **dot-product** form
+# (Luong et al., 2015):
+#
+# $$e_{tj} = s_t \cdot h_j \quad \text{(score)}, \qquad \alpha_{tj} = \frac{\exp(e_{tj})}{\sum_{j'} \exp(e_{tj'})} \quad \text{(weights)}, \qquad c_t = \sum_j \alpha_{tj}\, h_j \quad \text{(context vector)}.$$
+#
+# The weights $\alpha_{t\cdot}$ say *where the decoder looks* while writing word $t$: a soft **alignment**
+# between target and source words. The context vector $c_t$ is what it reads there.
+
+# %% [markdown]
+# ### Exercise 4 — `alignment`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
+#
+# Write `alignment(decoder_states, encoder_states)` returning the tuple `(context, weights)`.
+#
+# * `decoder_states`: `[..., T, d]`, one row per target position;
+# * `encoder_states`: `[..., S, d]`, one row per source position;
+# * `weights`: `[..., T, S]`, the softmax of the dot-product scores over the **source** positions
+#   (each row sums to 1); no $1/\sqrt{d}$ scaling in this exercise;
+# * `context`: `[..., T, d]`, the weighted sums of the encoder states.
+#
+# Worked example: one decoder state `[[1, 0]]` and encoder states `[[1, 0], [0, 1]]` give scores
+# `[1, 0]`, weights `[[0.7311, 0.2689]]` and context `[[0.7311, 0.2689]]`.
+#
+# Scores can be large: compute the softmax stably (subtract each row's maximum before `exp`, or use
+# `torch.softmax`).
+#
+# <details><summary>Hint 1</summary>All scores at once: <code>decoder_states @ encoder_states.transpose(-2, -1)</code> has shape <code>[..., T, S]</code>.</details>
+# <details><summary>Hint 2</summary><code>weights = torch.softmax(scores, dim=-1)</code>, then <code>context = weights @ encoder_states</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "alignment", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def alignment(decoder_states: torch.Tensor, encoder_states: torch.Tensor):
+    """Dot-product attention of decoder states over encoder states.
+
+    decoder_states [..., T, d], encoder_states [..., S, d] -> (context [..., T, d], weights [..., T, S]).
+    """
+    ### BEGIN SOLUTION
+    scores = decoder_states @ encoder_states.transpose(-2, -1)  # [..., T, S]
+    scores = scores - scores.amax(dim=-1, keepdim=True)  # stable: exp never overflows
+    weights = scores.exp() / scores.exp().sum(dim=-1, keepdim=True)  # [..., T, S]
+    context = weights @ encoder_states  # [..., T, d]
+    return context, weights
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "alignment_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+check_alignment(alignment)
+### BEGIN HIDDEN TESTS
+check_alignment(alignment, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+context, weights = alignment(torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+print("weights", weights, "\ncontext", context)
+
+# %% [markdown]
+# This is exactly the attention of the Transformer, minus the $1/\sqrt{d}$ scale: the library's
+# `alignment` is one line, `scaled_dot_product_attention(decoder_states, encoder_states, encoder_states, scale=1.0)`.
+#
+# To see an alignment we need encoder and decoder states that mean something. A trained translation
+# model would learn them; here we build them by hand. Each of 5 dimensions stands for one meaning
+# (*person, eat, article, green, apple*); each English word gets the meaning it carries (*is* is
+# mostly part of "eating", a little of "she"), and the decoder state for each French word points to
+# the meaning it is about to express, times 3 to make the weights clear-cut. A little noise keeps
+# it honest.
+
+# %%
+from transformer_lib.static_vectors import alignment  # the reference: the rest of the chapter runs even if your answer is unfinished
+
+english = ["she", "is", "eating", "a", "green", "apple"]
+french = ["elle", "mange", "une", "pomme", "verte"]
+#                        person  eat  article  green  apple
+meanings = torch.tensor([[1.0,   0.0, 0.0,     0.0,   0.0],   # she
+                         [0.3,   0.6, 0.0,     0.0,   0.0],   # is
+                         [0.0,   1.0, 0.0,     0.0,   0.0],   # eating
+                         [0.0,   0.0, 1.0,     0.0,   0.0],   # a
+                         [0.0,   0.0, 0.0,     1.0,   0.0],   # green
+                         [0.0,   0.0, 0.0,     0.0,   1.0]])  # apple
+g = torch.Generator().manual_seed(0)
+encoder_states = meanings + 0.05 * torch.randn(6, 5, generator=g)  # [S=6, 5]
+target_meaning = [0, 1, 2, 4, 3]  # elle=person, mange=eat, une=article, pomme=apple, verte=green
+decoder_states = 3.0 * torch.eye(5)[target_meaning] + 0.05 * torch.randn(5, 5, generator=g)  # [T=5, 5]
+
+context, weights = alignment(decoder_states, encoder_states)  # [5, 5], [5, 6]
+print("weights (rows: French words, columns: English words):")
+print(weights)
+print("each row sums to", weights.sum(dim=-1))
+
+# %% [markdown]
+# **Predict** before you look at the picture: French puts the adjective after the noun. What shape will
+# the bright cells make in the last two rows?
+
+# %%
+fig, ax = plt.subplots(figsize=(5, 3.6))
+image = ax.imshow(weights, cmap="viridis", vmin=0, vmax=1)
+ax.set_xticks(range(len(english)), english)
+ax.set_yticks(range(len(french)), french)
+ax.set_xlabel("source (encoder states)")
+ax.set_ylabel("target (decoder states)")
+ax.set_title("Dot-product attention as alignment", fontsize=10)
+for t in range(len(french)):
+    for j in range(len(english)):
+        ax.text(j, t, f"{weights[t, j]:.2f}", ha="center", va="center", fontsize=7,
+                color="black" if weights[t, j] > 0.5 else "white")
+fig.colorbar(image, ax=ax, fraction=0.046)
+plt.show()
+
+# %% [markdown]
+# The bright diagonal bends where the languages disagree: *pomme* looks at *apple* and *verte* at *green*,
+# crossing over. *mange* splits its attention between *eating* and *is* — one French word for two English
+# words. No rule about word order was written anywhere; the alignment comes out of the similarities.
+#
+# ## 6. Why not a recurrent network? Slow and forgetful · RNN 的两个短板
+#
+# Before the Transformer, sequences were read by **recurrent neural networks** (RNNs, and their gated
+# versions LSTM and GRU). An RNN reads one token at a time and keeps a **hidden state** $h_t$, updated by
+#
+# $$h_t = \tanh(W_x x_t + W_h h_{t-1} + b).$$
+#
+# Two problems follow from that one equation.
+#
+# ### 6.1 Slow: step $t$ must wait for step $t-1$
+#
+# $h_t$ needs $h_{t-1}$, which needs $h_{t-2}$, ...: a chain of $L$ steps that cannot run in parallel, however
+# many processor cores are available. Self-attention compares every position with every other in one
+# matrix product, $X X^\top$, in which all $L^2$ comparisons are independent. Count the steps that must
+# happen one after the other, and the number of steps information needs to travel from the first token
+# to the last:
+
+# %%
+print(f"{'length L':>9} | {'RNN: sequential steps':>21} | {'attention: sequential matmuls':>29} | path first -> last: RNN, attention")
+for L in [8, 64, 512, 4096]:
+    print(f"{L:>9} | {L:>21} | {1:>29} | {L - 1:>5}, 1")
+
+# %% [markdown]
+# A small timing on this machine's CPU (the numbers vary from run to run; on a GPU, which runs thousands of
+# operations at once, the gap is far larger):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+rnn_cell = torch.nn.RNNCell(64, 64)
+
+
+def run_rnn(x):  # x: [L, 64]
+    h = torch.zeros(64)
+    for t in range(len(x)):  # L steps, one after the other
+        h = rnn_cell(x[t], h)
+    return h
+
+
+def run_attention(x):  # all L x L pairs in one go
+    return scaled_dot_product_attention(x, x, x)[0]
+
+
+def best_time_ms(f, x, repeats=3):
+    """The fastest of a few runs: the least disturbed by whatever else the machine is doing."""
+    f(x)  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        f(x)
+        times.append(time.perf_counter() - start)
+    return 1000 * min(times)
+
+
+with torch.no_grad():
+    for L in [128, 512]:
+        x = torch.randn(L, 64)
+        print(f"L = {L:4}: RNN loop {best_time_ms(run_rnn, x):6.2f} ms, "
+              f"self-attention {best_time_ms(run_attention, x):6.2f} ms")
+
+# %% [markdown]
+# (Attention pays for its parallelism with memory and arithmetic that grow as $L^2$; chapter 11 measures
+# that and looks at the remedies.)
+#
+# ### 6.2 Forgetful: the first token fades away
+#
+# Everything the RNN knows about token 1 must survive $L-1$ updates to reach $h_L$; each update multiplies
+# it by $W_h$ and squashes it through $\tanh$. How much does $h_L$ still depend on $x_t$? We measure the size
+# of the gradient $\lVert \partial h_L / \partial x_t \rVert$ for every $t$ in a randomly initialised RNN,
+# and do the same for the last output of one self-attention layer with random projections.
+#
+# **Predict:** plotted against the distance $L - t$, what shape will each curve have?
+
+# %%
+torch.manual_seed(0)
+L, D, H = 40, 8, 32
+rnn = torch.nn.RNN(D, H, nonlinearity="tanh", batch_first=True)
+w_q, w_k, w_v = (torch.randn(D, H) / D**0.5 for _ in range(3))
+
+
+def last_rnn_state(x):  # x: [L, D] -> h_L: [H]
+    states, _ = rnn(x[None])  # [1, L, H]
+    return states[0, -1]
+
+
+def last_attention_output(x):  # x: [L, D] -> output at position L: [H]
+    out, _ = scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v)  # [L, H]
+    return out[-1]
+
+
+x = torch.randn(L, D)
+influence = {}
+for name, f in [("RNN", last_rnn_state), ("self-attention", last_attention_output)]:
+    jacobian = torch.autograd.functional.jacobian(f, x)  # [H, L, D]: d output / d x_t
+    influence[name] = jacobian.pow(2).sum(dim=(0, 2)).sqrt()  # [L], one norm per input position
+distance = torch.arange(L - 1, -1, -1)  # L - t for t = 1..L
+for name, values in influence.items():
+    print(f"{name:>15}: influence of the last token {values[-1]:.3g}, of the first token {values[0]:.3g}")
+per_step = (influence["RNN"][0] / influence["RNN"][-1]) ** (1 / (L - 1))
+print(f"RNN: on average the influence is multiplied by {per_step:.2f} per step of distance")
+
+# %%
+fig, ax = plt.subplots(figsize=(6, 3.4))
+for name, values in influence.items():
+    ax.semilogy(distance, values, marker="o", markersize=3, label=name)
+ax.set_xlabel("distance from the last position (L - t)")
+ax.set_ylabel("|| d output_L / d x_t ||")
+ax.set_title("How much the last output still depends on each input", fontsize=10)
+ax.legend(fontsize=8)
+plt.show()
+
+# %% [markdown]
+# On a logarithmic axis the RNN's curve is close to a straight line going down: the influence of a token
+# shrinks by roughly a constant factor per step (printed above), exponentially in the distance. The first token has all
+# but vanished from $h_L$, and during training the gradient that should teach the network to use it
+# vanishes with it (the *vanishing gradient* problem). LSTMs and GRUs add gates that slow the fading, but
+# everything still travels along the same chain. In self-attention every position is **one step** from
+# every other: apart from the last token itself (which also asks the question, as the query), its curve
+# has no trend with distance.
+#
+# This is the deal the Transformer makes: drop recurrence entirely, let attention connect any two positions
+# directly, compute all positions in parallel — and give back the word order that recurrence provided for
+# free with **positional encodings** (chapter 04).
+
+# %% [markdown]
+# ## Summary
+#
+# * A static embedding gives every word **one fixed vector**. You built one from scratch: co-occurrence
+#   counts in a window → PPMI → SVD; its nearest neighbours already capture much of a word's meaning.
+# * One vector cannot hold two meanings: the static *apple* is a compromise between fruit and company.
+# * A **contextual** vector mixes in the vectors of the surrounding words with attention weights (a
+#   softmax over similarities); the same word then gets a different vector in each sentence.
+# * The Transformer is built from encoder and decoder stacks; BERT keeps the encoder, GPT the decoder,
+#   translation models both, linked by cross-attention.
+# * Attention started as **alignment**: score each encoder state against the decoder state, softmax,
+#   and read a weighted average, the context vector.
+# * RNNs are **slow** ($L$ sequential steps) and **forgetful** (influence decays exponentially with
+#   distance); attention is one parallel step and one hop between any two positions.
+#
+# ## What's next
+#
+# In this chapter, attention compared raw word vectors. Chapter 02 gives every token three learned roles —
+# **query, key and value** — scales the scores by $1/\sqrt{d_k}$ and finds out why, and writes self-attention
+# for a whole sentence in three matrix products.
+#
+# ## Glossary · 术语表
+#
+# | English | 中文 | meaning |
+# |---|---|---|
+# | static word vector (embedding) | 静态词向量 | one fixed vector per word, whatever the sentence |
+# | distributional hypothesis | 分布假设 | words in similar contexts have similar meanings |
+# | vocabulary | 词表 | the words a model knows, each with an integer id |
+# | co-occurrence matrix | 共现矩阵 | how often each word appears within a window of each other word |
+# | pointwise mutual information (PMI, PPMI) | 点互信息（正点互信息） | log of how much more often two words meet than chance; PPMI keeps the positive part |
+# | singular value decomposition (SVD) | 奇异值分解 | $M = USV^\top$; its first $k$ components give the best rank-$k$ approximation |
+# | cosine similarity | 余弦相似度 | the cosine of the angle between two vectors, ignoring their lengths |
+# | nearest neighbours | 最近邻 | the words whose vectors are most similar to a given word's |
+# | polysemy | 一词多义 | one word form with several meanings (苹果: fruit or company) |
+# | contextual representation | 上下文表示（动态词向量） | a word vector that depends on the sentence it is in |
+# | attention weights | 注意力权重 | softmax of scores: how much each position contributes to a mix |
+# | encoder / decoder | 编码器 / 解码器 | the stack that reads the input / the stack that generates the output |
+# | cross-attention (encoder–decoder attention) | 交叉注意力（编码器-解码器注意力） | decoder queries attending to the encoder's states |
+# | alignment | 对齐 | which source words a target word attends to |
+# | context vector | 上下文向量 | the attention-weighted average of the encoder states |
+# | recurrent neural network (RNN) | 循环神经网络 | reads a sequence one step at a time through a hidden state |
+# | vanishing gradient | 梯度消失 | gradients that shrink exponentially over many steps, so early inputs stop being learned from |
