@@ -7,8 +7,10 @@ broadcastable to [..., L_q, L_k].
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 
@@ -88,16 +90,19 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float | None = Non
     return q @ k.transpose(-2, -1).to(q.dtype)  # [..., L_q, L_k]
 
 
-def scaled_dot_product_attention(q, k, v, mask=None, dropout_p=0.0, scale=None):
+def scaled_dot_product_attention(q, k, v, mask=None, dropout_p=0.0, scale=None, bias=None):
     """Attend from queries q to keys k, and mix the values v.
 
     q: [..., L_q, d_k]   k: [..., L_k, d_k]   v: [..., L_k, d_v]
     mask: bool, broadcastable to [..., L_q, L_k]; True = may attend.
     scale: multiplies q k^T; default 1/sqrt(d_k) (scale=1.0 gives plain dot-product attention).
+    bias: float, broadcastable to [..., L_q, L_k], added to the scores (relative positions, ch. 04).
     Returns (output [..., L_q, d_v], weights [..., L_q, L_k]).
     """
     _check_attention_inputs(q, k, v, mask)
     scores = attention_scores(q, k, scale)  # [..., L_q, L_k]
+    if bias is not None:
+        scores = scores + bias
     if mask is not None:
         # Mask *before* softmax, so hidden keys get exactly zero weight and the
         # visible weights still sum to one. The dtype's most negative finite value,
@@ -147,3 +152,94 @@ def self_attention(x, w_q, w_k, w_v, mask=None):
     """
     q, k, v = project_qkv(x, w_q, w_k, w_v)  # [..., seq, d_k], [..., seq, d_k], [..., seq, d_v]
     return scaled_dot_product_attention(q, k, v, mask=mask)
+
+
+@dataclass
+class KVCache:
+    """Keys and values one attention layer has already computed, kept across decoding steps.
+
+    Self-attention in a decoder appends the new token's key and value at every step
+    (`static=False`); cross-attention computes them once from the encoder memory and
+    reuses them (`static=True`). Tensors are [batch, heads, seq, d_k].
+    """
+
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+    static: bool = False
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[-2]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention (Vaswani et al., 2017, section 3.2.2).
+
+    h heads, each attending in its own d_k = d_model / h dimensional subspace; their outputs
+    are concatenated and mixed by W^O. Same parameter count as one full-width head plus W^O.
+
+    forward(query, key, value, mask=None) takes [batch, seq, d_model] tensors and returns
+    [batch, L_q, d_model]. With need_weights=True it takes the readable path and keeps the
+    attention weights [batch, heads, L_q, L_k] in `self.last_weights`; otherwise it calls
+    PyTorch's fused scaled_dot_product_attention (same result, faster).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        if n_heads < 1 or d_model % n_heads != 0:
+            raise ValueError(
+                f"d_model ({d_model}) must be divisible by n_heads ({n_heads}): each head gets "
+                f"d_model / n_heads features"
+            )
+        self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
+        self.dropout = dropout
+        self.w_q = nn.Linear(d_model, d_model, bias=bias)
+        self.w_k = nn.Linear(d_model, d_model, bias=bias)
+        self.w_v = nn.Linear(d_model, d_model, bias=bias)
+        self.w_o = nn.Linear(d_model, d_model, bias=bias)
+        self.last_weights: torch.Tensor | None = None
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        # The transpose puts heads before positions, so each head attends independently.
+        return x.view(batch, seq, self.n_heads, self.d_k).transpose(1, 2)  # [batch, heads, seq, d_k]
+
+    def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, _, seq, _ = x.shape
+        return x.transpose(1, 2).reshape(batch, seq, self.d_model)  # [batch, seq, d_model]
+
+    def _check(self, query, key, value):
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if t.dim() != 3 or t.shape[-1] != self.d_model:
+                raise ValueError(
+                    f"{name} must be [batch, seq, d_model={self.d_model}], got shape {list(t.shape)}"
+                )
+        if key.shape[:2] != value.shape[:2]:
+            raise ValueError(f"key and value must have the same [batch, seq]: got {list(key.shape)} and {list(value.shape)}")
+
+    def forward(self, query, key, value, mask=None, bias=None, need_weights=False, cache: KVCache | None = None):
+        self._check(query, key, value)
+        q = self.split_heads(self.w_q(query))  # [batch, heads, L_q, d_k]
+        if cache is not None and cache.static and cache.k is not None:
+            k, v = cache.k, cache.v  # the encoder memory's keys and values, computed once
+        else:
+            k = self.split_heads(self.w_k(key))  # [batch, heads, L_new, d_k]
+            v = self.split_heads(self.w_v(value))  # [batch, heads, L_new, d_k]
+            if cache is not None:
+                if cache.k is not None:
+                    k = torch.cat([cache.k, k], dim=2)  # [batch, heads, L_past + L_new, d_k]
+                    v = torch.cat([cache.v, v], dim=2)
+                cache.k, cache.v = k, v
+        if mask is not None and mask.dim() == 3:
+            mask = mask.unsqueeze(1)  # [batch, 1, L_q, L_k]: the same mask for every head
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights:
+            out, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p, bias=bias)
+            self.last_weights = weights.detach()
+        else:
+            _check_attention_inputs(q, k, v, mask)
+            attn_mask = mask
+            if bias is not None:
+                attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+        return self.w_o(self.merge_heads(out))  # [batch, L_q, d_model]

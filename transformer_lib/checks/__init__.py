@@ -5,9 +5,9 @@ same checker by name in REGISTRY and judges the learner's outputs in its own pro
 """
 
 from .core import Case, Checker, CheckFailed, Mistake, Verdict, describe_difference
-from . import ch01, ch02
+from . import ch01, ch02, ch03, ch04, ch05, ch06, ch07
 
-CHAPTER_MODULES = [ch01, ch02]
+CHAPTER_MODULES = [ch01, ch02, ch03, ch04, ch05, ch06, ch07]
 
 REGISTRY: dict[str, Checker] = {}
 for _module in CHAPTER_MODULES:

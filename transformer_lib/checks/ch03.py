@@ -1,0 +1,3 @@
+"""Checkers for chapter 03 (being written)."""
+
+CHECKERS = []

@@ -1,0 +1,3 @@
+"""Checkers for chapter 04 (being written)."""
+
+CHECKERS = []

@@ -1,0 +1,3 @@
+"""Checkers for chapter 05 (being written)."""
+
+CHECKERS = []

@@ -1,0 +1,3 @@
+"""Checkers for chapter 06 (being written)."""
+
+CHECKERS = []

@@ -1,0 +1,3 @@
+"""Checkers for chapter 07 (being written)."""
+
+CHECKERS = []

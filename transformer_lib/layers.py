@@ -1,0 +1,241 @@
+"""The Transformer's layers and the encoder-decoder model ("Attention Is All You Need", section 3).
+
+Read top to bottom: LayerNorm, the position-wise feed-forward network, the residual
+sub-layer (post-norm as in the paper, pre-norm as most later models), the encoder and
+decoder layers, their stacks, the scaled token embedding, the generator, and the full
+model with its config. Masks follow the course convention: bool, True = may attend.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from .attention import KVCache, MultiHeadAttention
+from .positional import SinusoidalPositionalEncoding
+
+
+class LayerNorm(nn.Module):
+    """Normalise each position's features to mean 0, variance 1, then scale and shift.
+
+    Same as torch.nn.LayerNorm: the biased variance (divide by d, not d - 1), eps inside the
+    square root. Statistics are per position, never across the batch, so padding and batch
+    size change nothing (unlike BatchNorm).
+    """
+
+    def __init__(self, d_model: int, eps: float = 1e-5):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.ones(d_model))
+        self.beta = nn.Parameter(torch.zeros(d_model))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = x.mean(dim=-1, keepdim=True)  # [..., 1]
+        var = x.var(dim=-1, keepdim=True, unbiased=False)  # [..., 1]
+        return self.gamma * (x - mean) / torch.sqrt(var + self.eps) + self.beta
+
+
+class PositionwiseFeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to every position separately (eq. 2)."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu"):
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.activation = {"relu": nn.ReLU(), "gelu": nn.GELU()}[activation]
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))  # [..., d_model]
+
+
+class ResidualConnection(nn.Module):
+    """x + Sublayer(x), with LayerNorm after the sum (post-norm, the paper) or before the
+    sub-layer (pre-norm: the residual path stays an identity, which trains deep stacks
+    without warm-up tricks)."""
+
+    def __init__(self, d_model: int, dropout: float = 0.0, norm_first: bool = False):
+        super().__init__()
+        self.norm = LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention, then the feed-forward network, each inside a residual connection."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0,
+                 norm_first: bool = False, activation: str = "relu"):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout, activation)
+        self.residual1 = ResidualConnection(d_model, dropout, norm_first)
+        self.residual2 = ResidualConnection(d_model, dropout, norm_first)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.residual1(x, lambda y: self.self_attn(y, y, y, mask))  # [batch, src, d_model]
+        return self.residual2(x, self.feed_forward)
+
+
+@dataclass
+class LayerCache:
+    """What one decoder layer keeps between decoding steps."""
+
+    self_attn: KVCache = field(default_factory=KVCache)
+    cross_attn: KVCache = field(default_factory=lambda: KVCache(static=True))
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention over the encoder memory, then the FFN."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0,
+                 norm_first: bool = False, activation: str = "relu"):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout, activation)
+        self.residual1 = ResidualConnection(d_model, dropout, norm_first)
+        self.residual2 = ResidualConnection(d_model, dropout, norm_first)
+        self.residual3 = ResidualConnection(d_model, dropout, norm_first)
+
+    def forward(self, x, memory, src_mask=None, tgt_mask=None, cache: LayerCache | None = None):
+        self_cache = cache.self_attn if cache is not None else None
+        cross_cache = cache.cross_attn if cache is not None else None
+        x = self.residual1(x, lambda y: self.self_attn(y, y, y, tgt_mask, cache=self_cache))  # [batch, tgt, d_model]
+        # Queries from the decoder, keys and values from the encoder: this is where the
+        # target sentence looks at the source.
+        x = self.residual2(x, lambda y: self.cross_attn(y, memory, memory, src_mask, cache=cross_cache))
+        return self.residual3(x, self.feed_forward)
+
+
+class Encoder(nn.Module):
+    """N identical encoder layers (a final LayerNorm only in pre-norm, where the stack's
+    output is otherwise never normalised)."""
+
+    def __init__(self, layer: EncoderLayer, n_layers: int, norm_first: bool = False):
+        super().__init__()
+        self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(n_layers))
+        self.norm = LayerNorm(layer.self_attn.d_model) if norm_first else nn.Identity()
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x)
+
+
+class Decoder(nn.Module):
+    def __init__(self, layer: DecoderLayer, n_layers: int, norm_first: bool = False):
+        super().__init__()
+        self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(n_layers))
+        self.norm = LayerNorm(layer.self_attn.d_model) if norm_first else nn.Identity()
+
+    def forward(self, x, memory, src_mask=None, tgt_mask=None, cache: list[LayerCache] | None = None):
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, src_mask, tgt_mask, cache[i] if cache is not None else None)
+        return self.norm(x)
+
+
+class TokenEmbedding(nn.Module):
+    """Token ids -> vectors, multiplied by sqrt(d_model) (section 3.4) so that they are not
+    drowned by the positional encoding, whose entries are of size 1."""
+
+    def __init__(self, vocab_size: int, d_model: int):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        self.d_model = d_model
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.is_floating_point():
+            raise TypeError(f"TokenEmbedding expects integer token ids, got dtype {tokens.dtype}")
+        if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.embedding.num_embeddings):
+            raise ValueError(f"token ids must lie in [0, {self.embedding.num_embeddings}), got "
+                             f"min {tokens.min().item()}, max {tokens.max().item()}")
+        return self.embedding(tokens) * math.sqrt(self.d_model)  # [batch, seq, d_model]
+
+
+class Generator(nn.Module):
+    """The decoder's output -> log-probabilities over the target vocabulary (linear + log-softmax)."""
+
+    def __init__(self, d_model: int, vocab_size: int):
+        super().__init__()
+        self.proj = nn.Linear(d_model, vocab_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.proj(x), dim=-1)  # [batch, seq, vocab]
+
+
+@dataclass
+class TransformerConfig:
+    """Sizes of an encoder-decoder Transformer; the defaults are the paper's base model."""
+
+    src_vocab: int
+    tgt_vocab: int
+    d_model: int = 512
+    n_heads: int = 8
+    d_ff: int = 2048
+    n_layers: int = 6
+    dropout: float = 0.1
+    max_len: int = 5000
+    norm_first: bool = False
+    activation: str = "relu"
+    # The paper shares one matrix between the two embeddings and the pre-softmax linear
+    # layer (section 3.4); that needs one vocabulary for source and target.
+    share_embeddings: bool = False
+
+
+class EncoderDecoder(nn.Module):
+    """The full model: embed + encode the source once, then decode the target against it."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        c = self.config = config
+        self.src_embed = TokenEmbedding(c.src_vocab, c.d_model)
+        self.tgt_embed = TokenEmbedding(c.tgt_vocab, c.d_model)
+        self.positions = SinusoidalPositionalEncoding(c.d_model, c.max_len, c.dropout)
+        self.encoder = Encoder(EncoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_first, c.activation),
+                               c.n_layers, c.norm_first)
+        self.decoder = Decoder(DecoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_first, c.activation),
+                               c.n_layers, c.norm_first)
+        self.generator = Generator(c.d_model, c.tgt_vocab)
+        if c.share_embeddings:
+            if c.src_vocab != c.tgt_vocab:
+                raise ValueError(f"share_embeddings needs one vocabulary, got src_vocab={c.src_vocab}, tgt_vocab={c.tgt_vocab}")
+            self.tgt_embed.embedding.weight = self.src_embed.embedding.weight
+            self.generator.proj.weight = self.src_embed.embedding.weight
+        self._init_weights()
+
+    def _init_weights(self):
+        # Glorot / fan_avg uniform for matrices, as in the reference implementations.
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.encoder(self.positions(self.src_embed(src)), src_mask)  # [batch, src, d_model]
+
+    def decode(self, memory, src_mask, tgt, tgt_mask=None, cache: list[LayerCache] | None = None):
+        # With a cache, `tgt` holds only the new tokens: their positions start after the cached ones.
+        offset = cache[0].self_attn.length if cache is not None else 0
+        x = self.positions(self.tgt_embed(tgt), offset)
+        return self.decoder(x, memory, src_mask, tgt_mask, cache)  # [batch, tgt, d_model]
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None) -> torch.Tensor:
+        """Log-probabilities of the next target token at every position: [batch, tgt, tgt_vocab]."""
+        return self.generator(self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask))
+
+    def new_cache(self) -> list[LayerCache]:
+        return [LayerCache() for _ in self.decoder.layers]
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Trainable parameters, each shared tensor counted once (works on the meta device too)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
