@@ -167,11 +167,22 @@ def _limit_resources(cpu_seconds: int, memory_bytes: int):
     return apply
 
 
-def _network_isolation() -> list[str]:
-    """`unshare -rn` gives the process an empty network namespace, where the kernel allows it."""
+# Run as root (CI, containers): new network and mount namespaces; inside, the scratch
+# folder is bound onto itself and everything else is remounted read-only, so the learner's
+# code can write nowhere but its scratch folder (never the gradebook) and reach no network.
+_READ_ONLY_ROOT = 'mount --bind "$0" "$0" && mount -o remount,bind,ro / && exec "$@"'
+
+
+def _isolation(scratch: Path) -> list[str]:
+    """The command prefix that isolates the sandbox, as far as this machine allows."""
     unshare = shutil.which("unshare")
-    if unshare and subprocess.run([unshare, "-rn", "true"], capture_output=True).returncode == 0:
-        return [unshare, "-rn"]
+    if unshare is None:
+        return []
+    full = [unshare, "-n", "-m", "--propagation", "private", "sh", "-c", _READ_ONLY_ROOT, str(scratch)]
+    if subprocess.run([*full, "true"], capture_output=True).returncode == 0:
+        return full
+    if subprocess.run([unshare, "-rn", "true"], capture_output=True).returncode == 0:
+        return [unshare, "-rn"]  # an unprivileged user: no network, at least
     return []
 
 
@@ -190,6 +201,9 @@ def run_sandbox(notebook: Path, tests: dict[str, list[CheckerCall]], cell_timeou
         }
         (scratch / "plan.json").write_text(json.dumps(plan))
         shutil.copy(notebook, scratch / "submission.ipynb")
+        if os.getuid() == 0:  # the runner drops to `nobody`, whose only writable folder is this one
+            for path in [scratch, *scratch.iterdir()]:
+                os.chown(path, 65534, 65534)
         outputs_path = scratch / "outputs.pt"
         env = {
             "PATH": os.defpath,
@@ -202,7 +216,7 @@ def run_sandbox(notebook: Path, tests: dict[str, list[CheckerCall]], cell_timeou
         wall = cell_timeout * (len(tests) + 4) + 60
         try:
             proc = subprocess.run(
-                [*_network_isolation(), sys.executable, "-I", str(HERE / "sandbox_runner.py"),
+                [*_isolation(scratch), sys.executable, "-I", str(HERE / "sandbox_runner.py"),
                  "submission.ipynb", "plan.json", str(outputs_path)],
                 cwd=scratch, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                 timeout=wall, preexec_fn=_limit_resources(wall, 16 * 2**30),

@@ -2,7 +2,8 @@
 
 The grader (autograder/course.py) starts this script in a separate, locked-down process:
 isolated interpreter (`python -I`), empty working directory, scrubbed environment, CPU
-and memory limits, a wall-clock limit, and no network where `unshare` allows it.
+and memory limits, a wall-clock limit and, where `unshare` allows it, no network and a
+read-only file system except that working directory.
 
     python -I sandbox_runner.py NOTEBOOK PLAN.json OUTPUTS.pt
 
