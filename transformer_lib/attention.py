@@ -74,6 +74,37 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return exp / exp.sum(dim=dim, keepdim=True)
 
 
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Softmax over the keys (last dim) in which hidden keys get exactly zero weight.
+
+    scores: [..., L_q, L_k] float; mask: bool broadcastable to it, True = may attend.
+    Each row with a visible key sums to one; a row with no visible key is all zeros.
+    """
+    if not isinstance(scores, torch.Tensor) or not scores.is_floating_point():
+        got = scores.dtype if isinstance(scores, torch.Tensor) else type(scores).__name__
+        raise TypeError(f"masked_softmax needs floating-point scores, got {got}")
+    if mask is None:
+        return softmax(scores, dim=-1)
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a boolean torch.Tensor (True = may attend), got {got}")
+    try:
+        torch.broadcast_shapes(mask.shape, scores.shape)
+    except RuntimeError:
+        raise ValueError(
+            f"mask of shape {list(mask.shape)} does not broadcast to the scores {list(scores.shape)}"
+        ) from None
+    # Mask *before* softmax, so hidden keys get exactly zero weight and the visible
+    # weights still sum to one (zeroing after softmax leaves rows that sum to less).
+    # The dtype's most negative finite value, not -inf: a row of -inf turns into
+    # -inf - (-inf) = NaN inside softmax, and -1e9 is itself -inf in float16.
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)  # [..., L_q, L_k]
+    weights = softmax(scores, dim=-1)  # [..., L_q, L_k]
+    # A query that may see no key at all would get a uniform average over keys it must
+    # not see; it gets zero weights (and so a zero output) instead.
+    return weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+
+
 def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     """Similarity of every query with every key: q k^T / sqrt(d_k).
 
@@ -103,16 +134,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, dropout_p=0.0, scale=None, 
     scores = attention_scores(q, k, scale)  # [..., L_q, L_k]
     if bias is not None:
         scores = scores + bias
-    if mask is not None:
-        # Mask *before* softmax, so hidden keys get exactly zero weight and the
-        # visible weights still sum to one. The dtype's most negative finite value,
-        # not -inf, so that float16 stays finite.
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    weights = softmax(scores, dim=-1)  # [..., L_q, L_k]
-    if mask is not None:
-        # A query that may see no key at all gets zero weights (and a zero output)
-        # instead of a uniform average over keys it must not see.
-        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    weights = masked_softmax(scores, mask)  # [..., L_q, L_k]
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
     output = weights @ v  # [..., L_q, d_v]

@@ -1,8 +1,14 @@
-"""Attention masks.
+"""Attention masks: causal ("no peeking at the future"), padding, and their combination
+for the decoder (Vaswani et al., 2017, sections 3.2.3 and 3.1).
 
 One convention everywhere in the course, the same as the boolean mask of
 `torch.nn.functional.scaled_dot_product_attention`: True means "this query may
 attend to this key", False means "hide this key". Masks broadcast to [..., L_q, L_k].
+
+Which mask goes where:
+  encoder self-attention      padding_mask(src)           [batch, 1, 1, src_len]
+  decoder self-attention      decoder_self_mask(tgt)      [batch, 1, tgt_len, tgt_len]
+  encoder-decoder attention   padding_mask(src)           [batch, 1, 1, src_len]
 """
 
 import operator
@@ -45,6 +51,13 @@ def padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
         )
     if tokens.is_floating_point():
         raise TypeError(f"padding_mask expects integer token ids, got dtype {tokens.dtype}")
+    try:
+        pad = None if isinstance(pad_id, bool) else operator.index(pad_id)
+    except TypeError:
+        pad = None
+    if pad is None:
+        raise TypeError(f"padding_mask needs the padding token's integer id as pad_id, got {pad_id!r}")
+    pad_id = pad
     return (tokens != pad_id)[:, None, None, :]  # [batch, 1, 1, seq]
 
 
@@ -70,3 +83,15 @@ def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
     for m in present[1:]:
         combined = combined & m
     return combined
+
+
+def decoder_self_mask(tgt_tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """The mask of the decoder's self-attention: causal AND padding.
+
+    tgt_tokens: [batch, tgt_len] integer ids. Returns a bool tensor [batch, 1, tgt_len, tgt_len]:
+    query i of sequence b may attend to key j iff j <= i and token j of b is not padding.
+    With right padding every row keeps key 0, so no query is left with nothing to attend to.
+    """
+    pad = padding_mask(tgt_tokens, pad_id)  # [batch, 1, 1, L]; also validates tgt_tokens
+    causal = causal_mask(tgt_tokens.shape[-1], device=tgt_tokens.device)  # [L, L]
+    return combine_masks(causal, pad)  # [batch, 1, L, L]
