@@ -1,0 +1,899 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 06 — The decoder's masks: causal, padding, cross-attention
+#
+# The encoder of chapter 05 reads a whole source sentence at once, and every token may look at every other
+# token. The **decoder** is different: it *writes* the target sentence, one token after the other, and each
+# new token may only depend on the tokens written before it. Yet during training we want to process the
+# whole target sentence in one pass, all positions in parallel, because that is what makes Transformers fast
+# to train. **Masks** reconcile the two. They are small boolean tensors, and they are easy to get subtly wrong:
+# a model with a broken mask often reaches a *lower* training loss than a correct one, then fails at
+# generation time.
+#
+# In this chapter:
+#
+# 1. **Teacher forcing**: why the decoder sees the whole target at once, and how it could cheat.
+# 2. **The causal mask**: each position may look at itself and the past, never the future. Proved on the
+#    library's `DecoderLayer`: change a future token and no earlier output moves.
+# 3. **The padding mask**: sentences of different lengths share one tensor; the filler must stay invisible.
+# 4. **Both at once**: the mask of the decoder's self-attention.
+# 5. **Cross-attention**: queries from the decoder, keys and values from the encoder.
+# 6. **The three attention types** of the Transformer in one table (document 001 §3.4).
+# 7. **Pitfalls, live**: masking after the softmax, `-inf` and NaN, fill values that are not negative enough
+#    (and `-1e9` in float16), and queries with nothing to attend to.
+#
+# Four exercises are autograded: `make_causal_mask`, `make_padding_mask`, `combine_decoder_mask` and
+# `masked_softmax`.
+#
+# The convention of the whole course (chapter 02): a mask is a boolean tensor that broadcasts to the attention
+# scores `[..., L_q, L_k]`, and **`True` means "this query may attend to this key"**. It is the convention of
+# PyTorch's `scaled_dot_product_attention`. (Many tutorials, including the code in the source documents, use the
+# opposite one, where the marked entries are *hidden*. Mixing the two up is the most common mask bug.)
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.colors import ListedColormap
+
+from transformer_lib.attention import MultiHeadAttention, scaled_dot_product_attention, softmax
+from transformer_lib.checks.ch06 import (
+    check_combine_decoder_mask,
+    check_make_causal_mask,
+    check_make_padding_mask,
+    check_masked_softmax,
+)
+from transformer_lib.layers import DecoderLayer
+
+torch.manual_seed(0)
+torch.set_printoptions(precision=4, sci_mode=False)
+
+MASK_COLOURS = ListedColormap(["#eeeeee", "#2f6fad"])  # False: light grey, True: blue
+
+
+def draw_mask(ax, mask, queries, keys, title):
+    """Draw a boolean mask as a grid: one row per query, one column per key, True (may attend) in blue."""
+    mask = mask.detach().cpu().bool()  # [L_q, L_k]
+    ax.imshow(mask, cmap=MASK_COLOURS, vmin=0, vmax=1)
+    for i in range(mask.shape[0]):
+        for j in range(mask.shape[1]):
+            ok = bool(mask[i, j])
+            ax.text(j, i, "True" if ok else "False", ha="center", va="center", fontsize=6,
+                    color="white" if ok else "#888888")
+    ax.set_xticks(range(len(keys)), keys, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(len(queries)), queries, fontsize=8)
+    ax.set_xlabel("key (attended to)", fontsize=8)
+    ax.set_ylabel("query (attending)", fontsize=8)
+    ax.set_title(title, fontsize=9)
+
+
+# %% [markdown]
+# ## 1. Teacher forcing: the decoder sees the whole answer
+#
+# Document 000 follows a translation from French to English: *je suis étudiant* → *I am a student*. An
+# autoregressive decoder models the target one token at a time, with the chain rule (document 004 §12.7):
+#
+# $$P(y_1, \dots, y_T \mid x) = \prod_{t=1}^{T} P(y_t \mid y_1, \dots, y_{t-1}, x).$$
+#
+# At **generation** time this is a loop: start from a begin-of-sentence token `<s>`, predict a word, append it,
+# predict the next one, and so on. At **training** time we already know the whole target, so we feed it all at
+# once, shifted one step to the right, and ask every position for the *next* token. This is **teacher
+# forcing**: the decoder's input at each step is the true previous token, not its own guess.
+
+# %%
+TGT_VOCAB = ["<pad>", "<s>", "</s>", "I", "am", "a", "student", "you", "are", "hello"]
+SRC_VOCAB = ["<pad>", "je", "suis", "étudiant", "tu", "es", "bonjour"]
+PAD = 0  # the padding id, in both vocabularies
+
+
+def ids(words, vocab):
+    return torch.tensor([vocab.index(w) for w in words])
+
+
+target = ["I", "am", "a", "student", "</s>"]
+decoder_input = ["<s>"] + target[:-1]  # shifted right: position t reads token t-1 of the target
+for t, (seen, wanted) in enumerate(zip(decoder_input, target)):
+    print(f"position {t}: input {seen!r:>10}  ->  must predict {wanted!r}")
+
+# %% [markdown]
+# All five rows are computed in one forward pass. But in self-attention every position can look at every
+# position, and the input at position $t+1$ *is* the answer position $t$ must predict. Nothing stops the model
+# from copying it. Here is a one-line "model" that does exactly that. Its queries are built by hand so that
+# query $t$ matches only key $t+1$ ("look one step ahead"). The values are the input tokens, one-hot. We read
+# the prediction as the token with the largest output.
+
+# %%
+L = len(decoder_input)
+x_ids = ids(decoder_input, TGT_VOCAB)                               # [L]
+values = torch.nn.functional.one_hot(x_ids, len(TGT_VOCAB)).float()  # [L, vocab]: each position's token
+keys = torch.eye(L)                                                  # key j says "I am position j"
+queries = 10.0 * torch.diag(torch.ones(L - 1), diagonal=1)           # query t asks for position t + 1
+
+out, _ = scaled_dot_product_attention(queries, keys, values, scale=1.0)  # no mask
+cheat = [TGT_VOCAB[i] for i in out.argmax(dim=-1).tolist()]
+print("predicted:", cheat)
+print("target   :", target)
+print(f"correct  : {sum(p == w for p, w in zip(cheat, target))} of {L}")
+
+# %% [markdown]
+# Four of five right, and the model knows nothing about English: it reads the answer. Training would happily
+# push a real model towards this shortcut (the loss drops fast), and then generation would fail, because at
+# generation time the future tokens do not exist yet. Document 001 (§3.3) compares it to an open-book exam.
+#
+# The cure is to make attention **causal**: position $t$ may attend to positions $0, \dots, t$ only.
+
+# %% [markdown]
+# ## 2. The causal mask
+#
+# The causal (or "look-ahead", "subsequent") mask is a square boolean matrix, with queries on the rows and
+# keys on the columns:
+#
+# $$M_{ij} = \begin{cases} \text{True} & j \le i \quad \text{(the key is the query itself or comes before it)} \\
+# \text{False} & j > i \quad \text{(the key is in the future)} \end{cases}$$
+#
+# It is the **lower triangle** of a matrix of ones, diagonal included. Attention applies it to the scores
+# *before* the softmax: hidden scores are replaced by a hugely negative number, whose exponential is 0, so the
+# future gets exactly zero weight and the visible weights still sum to one.
+#
+# **Predict**: how many entries of the $5 \times 5$ causal mask are True? And of the $L \times L$ one?
+
+# %% [markdown]
+# ### Exercise 1 — `make_causal_mask`
+# > **Difficulty** ●○○ · **Importance** ●●● · about 5 minutes
+#
+# Write `make_causal_mask(size)` returning a boolean tensor of shape `[size, size]`, True where query $i$ may
+# attend to key $j$, that is where $j \le i$.
+#
+# Worked example: `make_causal_mask(3)` is
+# ```
+# tensor([[ True, False, False],
+#         [ True,  True, False],
+#         [ True,  True,  True]])
+# ```
+# Careful with three classic slips: the upper triangle instead of the lower one, forgetting the diagonal (a
+# token must see itself), and True meaning "hide" (the convention of the source documents' code, not ours).
+#
+# <details><summary>Hint 1</summary><code>torch.tril</code> keeps the lower triangle of a matrix, including the diagonal by default. Start from <code>torch.ones(size, size, dtype=torch.bool)</code>.</details>
+# <details><summary>Hint 2</summary><code>return torch.ones(size, size, dtype=torch.bool).tril()</code></details>
+
+# %% nbgrader={"grade": false, "grade_id": "make_causal_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def make_causal_mask(size: int) -> torch.Tensor:
+    """Causal mask: True where key j may be seen by query i, i.e. j <= i.
+
+    Returns a bool tensor of shape [size, size].
+    """
+    ### BEGIN SOLUTION
+    return torch.ones(size, size, dtype=torch.bool).tril()  # [size, size], diagonal included
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "make_causal_mask_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+check_make_causal_mask(make_causal_mask)
+### BEGIN HIDDEN TESTS
+check_make_causal_mask(make_causal_mask, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Here is the mask of our five decoder positions, drawn as a grid. Read it by rows: the query `am` (row 2) may
+# look at `<s>`, `I` and itself.
+
+# %%
+from transformer_lib.masks import causal_mask  # the reference: the rest of the chapter runs even if your answer is unfinished
+
+causal = causal_mask(L)  # [5, 5]
+print(f"True entries: {int(causal.sum())} of {causal.numel()}  (L (L + 1) / 2 = {L * (L + 1) // 2})")
+
+fig, ax = plt.subplots(figsize=(3.6, 3.4))
+draw_mask(ax, causal, decoder_input, decoder_input, "causal mask")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Back to the cheat: with the mask, query $t$ can no longer reach key $t+1$. Every score it may still see is 0,
+# so it gets a uniform average of the past, and the trick is gone:
+
+# %%
+out, _ = scaled_dot_product_attention(queries, keys, values, mask=causal, scale=1.0)
+masked_cheat = [TGT_VOCAB[i] for i in out.argmax(dim=-1).tolist()]
+print("predicted:", masked_cheat)
+print(f"correct  : {sum(p == w for p, w in zip(masked_cheat, target))} of {L}")
+
+# %% [markdown]
+# ### The proof on the real thing: the library's `DecoderLayer`
+#
+# A decoder layer is more than one attention: masked self-attention, cross-attention over the encoder
+# output, a feed-forward network, residual connections and LayerNorm (chapter 05). Only the self-attention
+# mixes positions; everything else works on each position separately. So the mask on the self-attention
+# should be enough to make the *whole layer* causal.
+#
+# A property test says it precisely: **changing a future token changes no earlier output.** We take
+# random vectors for the five decoder inputs and for a four-token encoder output (the "memory"), then replace the
+# vector of position 3 (`a`) by another one.
+#
+# **Predict** before running: with the causal mask, which of the five outputs change? And without it?
+
+# %%
+torch.manual_seed(6)
+d_model, n_heads = 16, 2
+layer = DecoderLayer(d_model, n_heads, d_ff=32).eval()  # eval(): no dropout, deterministic
+x = torch.randn(1, L, d_model)       # [batch=1, tgt_len=5, d_model]: the decoder inputs
+memory = torch.randn(1, 4, d_model)  # [batch=1, src_len=4, d_model]: the encoder output
+x_changed = x.clone()
+x_changed[0, 3] = torch.randn(d_model)  # a different token at position 3
+
+
+def change_per_position(a, b):
+    """Largest absolute change of each position's output vector. a, b: [1, seq, d_model] -> [seq]."""
+    return (a - b).abs().amax(dim=-1)[0]
+
+
+with torch.no_grad():
+    for name, mask in [("causal mask", causal), ("no mask    ", None)]:
+        delta = change_per_position(layer(x, memory, tgt_mask=mask), layer(x_changed, memory, tgt_mask=mask))
+        print(f"{name}: change of each output when token 3 changes:", [f"{d:.4f}" for d in delta.tolist()])
+    same_past = torch.equal(layer(x, memory, tgt_mask=causal)[:, :3], layer(x_changed, memory, tgt_mask=causal)[:, :3])
+    print("causal mask: outputs 0, 1, 2 bitwise identical:", same_past)
+
+# %% [markdown]
+# With the mask, outputs 0, 1 and 2 do not move at all, not even by a rounding error: a hidden key gets a
+# weight of exactly 0. Outputs 3 and 4 may and do change, since they are allowed to see position 3.
+# Without the mask, every output changes: position 2, which must predict `a`, can read it.
+#
+# A second way to say the same thing: with the mask, running the layer on the whole sentence gives position
+# $t$ the same output as running it on the prefix $0..t$ alone, which is all that exists at generation time.
+# (The two runs multiply matrices of different sizes, so they agree up to float32 rounding, not bit for bit.)
+
+# %%
+with torch.no_grad():
+    full = layer(x, memory, tgt_mask=causal)  # [1, 5, d_model], all positions at once
+    for t in range(L):
+        prefix = layer(x[:, : t + 1], memory, tgt_mask=causal_mask(t + 1))  # what exists at step t
+        same = torch.allclose(prefix[0, t], full[0, t], atol=1e-6)
+        print(f"position {t}: prefix run == full run at position {t}: {same}")
+
+# %% [markdown]
+# Teacher forcing with the mask trains the model in exactly the situation it will meet when generating, for
+# all positions in one pass. The attention weights show where the mask acts. Below are the weights of the
+# layer's self-attention (averaged over its two heads), read through `need_weights=True`:
+
+# %%
+with torch.no_grad():
+    attn = layer.self_attn
+    attn(x, x, x, mask=None, need_weights=True)
+    w_free = attn.last_weights[0].mean(dim=0)    # [5, 5], averaged over the heads
+    attn(x, x, x, mask=causal, need_weights=True)
+    w_causal = attn.last_weights[0].mean(dim=0)  # [5, 5]
+
+fig, axes = plt.subplots(1, 2, figsize=(7.5, 3.4))
+for ax, w, title in [(axes[0], w_free, "no mask: rows read the future"), (axes[1], w_causal, "causal mask")]:
+    im = ax.imshow(w, cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(L), decoder_input, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(L), decoder_input, fontsize=8)
+    ax.set_xlabel("key", fontsize=8)
+    ax.set_title(title, fontsize=9)
+axes[0].set_ylabel("query", fontsize=8)
+fig.colorbar(im, ax=axes, fraction=0.03)
+plt.show()
+
+future = ~causal  # [5, 5]: True above the diagonal
+print("weight each query puts on future keys, no mask:", [f"{w:.2f}" for w in (w_free * future).sum(-1).tolist()])
+print("weight each query puts on future keys, causal :", [f"{w:.2f}" for w in (w_causal * future).sum(-1).tolist()])
+
+# %% [markdown]
+# ## 3. The padding mask
+#
+# We train on batches, and a batch is a rectangular tensor `[batch, seq]`. Sentences have different lengths,
+# so the short ones are filled up with a **padding** token, `<pad>` (id 0 here), to the length of the longest.
+# Here are three decoder inputs:
+
+# %%
+batch_words = [
+    ["<s>", "I", "am", "a", "student"],
+    ["<s>", "you", "are", "<pad>", "<pad>"],
+    ["<s>", "hello", "<pad>", "<pad>", "<pad>"],
+]
+tgt = torch.stack([ids(w, TGT_VOCAB) for w in batch_words])  # [batch=3, tgt_len=5]
+print(tgt)
+
+# %% [markdown]
+# A padding token is not a word; it only makes the tensor rectangular. But it still has an embedding, and if
+# a real token may attend to it, the real token's output depends on **how much padding** its sentence got,
+# that is, on which other sentences happened to share its batch. So padded positions must be hidden **as
+# keys**: no query may attend to them.
+#
+# The padding mask says which *keys* are real. It is the same for every head and every query of a sentence,
+# so it has size 1 along those axes and lets broadcasting copy it:
+#
+# | dim | batch | heads | queries $L_q$ | keys $L_k$ |
+# |---|---|---|---|---|
+# | scores | `batch` | `heads` | `seq` | `seq` |
+# | padding mask | `batch` | 1 | 1 | `seq` |
+#
+# The two singleton dimensions in the middle matter. A mask of shape `[batch, seq]` or `[batch, 1, seq]` lines
+# up from the right with `[batch, heads, L_q, L_k]`: `[batch, 1, seq]` puts the batch axis on the heads axis.
+# With `batch == heads` (or a batch of one) that even runs without an error, and silently does the wrong thing.
+
+# %% [markdown]
+# ### Exercise 2 — `make_padding_mask`
+# > **Difficulty** ●○○ · **Importance** ●●● · about 5 minutes
+#
+# Write `make_padding_mask(tokens, pad_id)`.
+#
+# * `tokens`: `[batch, seq]` integer ids; `pad_id`: the id of the padding token (not always 0!).
+# * returns a bool tensor `[batch, 1, 1, seq]`, True at real tokens, False at padding.
+#
+# Worked example: `make_padding_mask(torch.tensor([[5, 7, 0], [4, 0, 0]]), 0)` has shape `[2, 1, 1, 3]`, and
+# `[:, 0, 0]` of it is `[[True, True, False], [True, False, False]]`.
+#
+# <details><summary>Hint 1</summary>Compare the ids with <code>pad_id</code>, then add two singleton dimensions in the middle: indexing with <code>None</code> (or <code>unsqueeze</code>) does it.</details>
+# <details><summary>Hint 2</summary><code>return (tokens != pad_id)[:, None, None, :]</code></details>
+
+# %% nbgrader={"grade": false, "grade_id": "make_padding_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def make_padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Padding mask: True at real tokens, False at padding, laid out to hide padded *keys*.
+
+    tokens: [batch, seq] integer ids. Returns a bool tensor of shape [batch, 1, 1, seq].
+    """
+    ### BEGIN SOLUTION
+    real = tokens != pad_id  # [batch, seq]
+    return real[:, None, None, :]  # [batch, 1 (heads), 1 (queries), seq (keys)]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "make_padding_mask_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+check_make_padding_mask(make_padding_mask)
+### BEGIN HIDDEN TESTS
+check_make_padding_mask(make_padding_mask, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Does the mask make a sentence's outputs independent of its padding? Take *you are* (sentence 1) and run
+# self-attention on it twice: alone, as the 3 tokens `<s> you are`, and inside the padded batch, where it has
+# two `<pad>` tokens at the end. Compare the outputs of its three real positions.
+
+# %%
+from transformer_lib.masks import padding_mask  # the reference: the rest of the chapter runs even if your answer is unfinished
+
+torch.manual_seed(7)
+embed = torch.nn.Embedding(len(TGT_VOCAB), d_model)
+self_attn = MultiHeadAttention(d_model, n_heads).eval()
+pad_mask = padding_mask(tgt, PAD)  # [3, 1, 1, 5]
+print("padding mask shape:", list(pad_mask.shape))
+
+with torch.no_grad():
+    alone = embed(tgt[1:2, :3])  # [1, 3, d_model]: "<s> you are", no padding
+    batch = embed(tgt)           # [3, 5, d_model]: the padded batch
+    out_alone = self_attn(alone, alone, alone)
+    out_masked = self_attn(batch, batch, batch, mask=pad_mask)[1:2, :3]
+    out_unmasked = self_attn(batch, batch, batch)[1:2, :3]
+print(f"with the padding mask   : largest difference {(out_masked - out_alone).abs().max():.4f}")
+print(f"without the padding mask: largest difference {(out_unmasked - out_alone).abs().max():.4f}")
+
+# %% [markdown]
+# With the mask, batching changes nothing (up to float32 rounding); without it, *you are* is
+# contaminated by its own padding.
+#
+# Notice what the padding mask does **not** hide: the padded *queries*. The rows of `<pad>` positions still
+# attend to the real tokens and produce some output. That output is garbage, but harmless: nothing later
+# reads it, because every layer hides padded keys, and the loss ignores padded positions (chapter 07). Hiding
+# those rows too would leave them with nothing to attend to. Section 7 shows why that is worse than it sounds.
+
+# %% [markdown]
+# ## 4. Both at once: the decoder's self-attention mask
+#
+# The decoder's self-attention needs both rules at the same time: a key is visible only if it is **not in the
+# future** *and* **not padding**. Two boolean masks combine with a logical AND (`&`), and broadcasting does
+# the layout:
+#
+# $$\underbrace{[L, L]}_{\text{causal}} \;\&\; \underbrace{[\text{batch}, 1, 1, L]}_{\text{padding}}
+# \;\longrightarrow\; [\text{batch}, 1, L, L].$$
+#
+# Document 000 describes the same rule: the two masks are combined element by element, and a position is
+# visible only where both allow it.
+
+# %% [markdown]
+# ### Exercise 3 — `combine_decoder_mask`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
+#
+# Write `combine_decoder_mask(tokens, pad_id)`, the mask of the decoder's self-attention.
+#
+# * `tokens`: `[batch, L]` integer ids of the decoder input; `pad_id`: the padding id.
+# * returns a bool tensor `[batch, 1, L, L]`: entry `[b, 0, i, j]` is True when $j \le i$ **and** token $j$ of
+#   sentence $b$ is not padding.
+#
+# Worked example: for `tokens = torch.tensor([[1, 7, 8, 0]])` and `pad_id = 0`, the result has shape
+# `[1, 1, 4, 4]` and `[0, 0]` of it is
+# ```
+# [[ True, False, False, False],
+#  [ True,  True, False, False],
+#  [ True,  True,  True, False],
+#  [ True,  True,  True, False]]
+# ```
+# You may use your two earlier functions, or the library's `causal_mask` and `padding_mask`.
+#
+# <details><summary>Hint 1</summary>Build the causal mask for <code>L = tokens.shape[1]</code> and the padding mask <code>[batch, 1, 1, L]</code>, then combine them with the operator that keeps a key only if <em>both</em> allow it.</details>
+# <details><summary>Hint 2</summary><code>causal_mask(tokens.shape[1]) &amp; padding_mask(tokens, pad_id)</code> (an OR, <code>|</code>, would let through every key that <em>either</em> mask allows).</details>
+
+# %% nbgrader={"grade": false, "grade_id": "combine_decoder_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def combine_decoder_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Mask of the decoder's self-attention: causal AND padding.
+
+    tokens: [batch, L] integer ids. Returns a bool tensor of shape [batch, 1, L, L].
+    """
+    ### BEGIN SOLUTION
+    L = tokens.shape[1]
+    causal = torch.ones(L, L, dtype=torch.bool, device=tokens.device).tril()  # [L, L]
+    real = (tokens != pad_id)[:, None, None, :]  # [batch, 1, 1, L]
+    return causal & real  # [batch, 1, L, L]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "combine_decoder_mask_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_combine_decoder_mask(combine_decoder_mask)
+### BEGIN HIDDEN TESTS
+check_combine_decoder_mask(combine_decoder_mask, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# The library calls it `decoder_self_mask`. Here are its three ingredients for the sentence *you are*, the
+# padding mask drawn broadcast over the queries:
+
+# %%
+from transformer_lib.masks import decoder_self_mask  # the reference: the rest of the chapter runs even if your answer is unfinished
+
+tgt_mask = decoder_self_mask(tgt, PAD)  # [3, 1, 5, 5]
+print("decoder self-attention mask:", list(tgt_mask.shape))
+
+b = 1
+words = batch_words[b]
+fig, axes = plt.subplots(1, 3, figsize=(8, 3.2))
+draw_mask(axes[0], causal_mask(L), words, words, "causal")
+draw_mask(axes[1], pad_mask[b, 0].expand(L, L), words, words, "padding (keys)")
+draw_mask(axes[2], tgt_mask[b, 0], words, words, "causal AND padding")
+for ax in axes[1:]:
+    ax.set_ylabel("")
+fig.tight_layout()
+plt.show()
+print("visible keys per query of 'you are':", tgt_mask[b, 0].sum(dim=-1).tolist())
+
+# %% [markdown]
+# Every row keeps at least one True: key 0, the `<s>` token, is real and is never in anybody's future. With
+# padding at the end (right padding) and a begin token first, the decoder's self-attention never has an
+# empty row. Section 7 shows what happens when one does.
+
+# %% [markdown]
+# ## 5. Cross-attention: the decoder reads the encoder
+#
+# Between its masked self-attention and its feed-forward network, every decoder layer has a second attention,
+# the **encoder–decoder attention** or **cross-attention** (document 004 §12.8). It works like self-attention,
+# except for where its inputs come from:
+#
+# * the **queries** come from the decoder: "what does the target word I am writing need from the source?";
+# * the **keys and values** come from the encoder's output, the **memory**: every source token, already
+#   encoded with its context.
+#
+# $$\mathrm{CrossAttention}(X_{dec}, M) = \mathrm{softmax}\!\left(\frac{(X_{dec}W^Q)(M W^K)^\top}{\sqrt{d_k}}\right) M W^V$$
+#
+# Two consequences for the mask:
+#
+# * **No causal mask.** The whole source sentence is known before decoding starts; nothing in it is "future".
+# * **The source padding mask**, `[batch, 1, 1, src_len]`, the same one the encoder used. Padded source tokens
+#   must not be read.
+#
+# The weight matrix is no longer square: `[batch, heads, tgt_len, src_len]`. The shapes, with a batch of three
+# source sentences of length 4 and the three target sentences of length 5:
+
+# %%
+src_words = [
+    ["je", "suis", "étudiant", "<pad>"],
+    ["tu", "es", "<pad>", "<pad>"],
+    ["bonjour", "<pad>", "<pad>", "<pad>"],
+]
+src = torch.stack([ids(w, SRC_VOCAB) for w in src_words])  # [batch=3, src_len=4]
+src_mask = padding_mask(src, PAD)                          # [3, 1, 1, 4]
+
+torch.manual_seed(8)
+cross = MultiHeadAttention(d_model, n_heads).eval()
+dec_states = torch.randn(3, 5, d_model)  # [batch, tgt_len, d_model]: queries come from here
+memory = torch.randn(3, 4, d_model)      # [batch, src_len, d_model]: keys and values come from here
+with torch.no_grad():
+    out = cross(dec_states, memory, memory, mask=src_mask, need_weights=True)
+print("decoder states (queries):", list(dec_states.shape))
+print("memory (keys, values)   :", list(memory.shape))
+print("source padding mask     :", list(src_mask.shape))
+print("attention weights       :", list(cross.last_weights.shape), "= [batch, heads, tgt_len, src_len]")
+print("output                  :", list(out.shape), "= one vector per target position")
+
+# %% [markdown]
+# The output has one vector per **target** position, the length of the queries: cross-attention brings
+# source information to each target token, and never changes the target's length.
+#
+# The property test, now for the source: in a whole `DecoderLayer` with the source padding mask, changing the
+# memory at a padded source position must change nothing at all.
+
+# %%
+memory_changed = memory.clone()
+memory_changed[1, 2:] = torch.randn(2, d_model)  # sentence 1 ("tu es") has padding at positions 2 and 3
+with torch.no_grad():
+    for name, mask in [("with src_mask   ", src_mask), ("without src_mask", None)]:
+        y = layer(dec_states, memory, src_mask=mask, tgt_mask=tgt_mask)
+        y_changed = layer(dec_states, memory_changed, src_mask=mask, tgt_mask=tgt_mask)
+        print(f"{name}: largest change of the decoder output: {(y - y_changed).abs().max():.4f}")
+
+# %% [markdown]
+# ### A cross-attention heatmap
+#
+# What a trained cross-attention does is align target words with source words (chapter 01 called attention a
+# soft alignment). To see one without training a model (chapter 07 trains one), we set the weights **by
+# hand**. Each word gets a 4-feature vector: *I* and *je* share the feature "first person", *am* and *suis* the
+# feature "to be", *student* and *étudiant* the feature "student". The article *a* carries half of "student"
+# (French has no separate article here: *étudiant* alone means *a student*). $W^Q$ and $W^K$ are scaled
+# identities and $W^V$ the identity, so a score is just the dot product of two words' features.
+#
+# The `<pad>` memory vector is made deliberately "attractive" (a bit of every feature), as the output of an
+# encoder at a padded position may well be, since the encoder computes *something* there too.
+
+# %%
+features = {  # first person, to be, student, (unused)
+    "je": [1.0, 0.0, 0.0, 0.0], "suis": [0.0, 1.0, 0.0, 0.0], "étudiant": [0.0, 0.0, 1.0, 0.0],
+    "<pad>": [0.6, 0.6, 0.6, 0.0],
+    "I": [1.0, 0.0, 0.0, 0.0], "am": [0.0, 1.0, 0.0, 0.0], "a": [0.0, 0.0, 0.5, 0.0], "student": [0.0, 0.0, 1.0, 0.0],
+}
+src_tokens, tgt_tokens = src_words[0], ["I", "am", "a", "student"]
+mem_hand = torch.tensor([[features[w] for w in src_tokens]])  # [1, src_len=4, 4]
+dec_hand = torch.tensor([[features[w] for w in tgt_tokens]])  # [1, tgt_len=4, 4]
+
+hand = MultiHeadAttention(d_model=4, n_heads=1).eval()
+with torch.no_grad():
+    for lin, scale in [(hand.w_q, 3.0), (hand.w_k, 3.0), (hand.w_v, 1.0), (hand.w_o, 1.0)]:
+        lin.weight.copy_(scale * torch.eye(4))
+        lin.bias.zero_()
+    hand(dec_hand, mem_hand, mem_hand, mask=None, need_weights=True)
+    w_no_mask = hand.last_weights[0, 0]  # [tgt_len, src_len]
+    hand(dec_hand, mem_hand, mem_hand, mask=src_mask[:1], need_weights=True)
+    w_src_mask = hand.last_weights[0, 0]
+
+fig, axes = plt.subplots(1, 2, figsize=(7.5, 3.2))
+for ax, w, title in [(axes[0], w_no_mask, "cross-attention, no mask"), (axes[1], w_src_mask, "with the source padding mask")]:
+    im = ax.imshow(w, cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(len(src_tokens)), src_tokens, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(len(tgt_tokens)), tgt_tokens, fontsize=8)
+    ax.set_xlabel("source token (key, value)", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    for i in range(w.shape[0]):
+        for j in range(w.shape[1]):
+            ax.text(j, i, f"{w[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if w[i, j] > 0.5 else "black")
+axes[0].set_ylabel("target token (query)", fontsize=8)
+fig.colorbar(im, ax=axes, fraction=0.03)
+plt.show()
+print("weight on <pad>, no mask  :", [f"{v:.2f}" for v in w_no_mask[:, 3].tolist()])
+print("weight on <pad>, with mask:", [f"{v:.2f}" for v in w_src_mask[:, 3].tolist()])
+
+# %% [markdown]
+# Each target word looks mostly at its translation. Without the mask, a noticeable share of every row goes to
+# the padding (the printed weights on `<pad>`), most of all for *a*, which matches nothing strongly. With the
+# source padding mask, `<pad>` gets exactly 0 and its share returns to the real words.
+
+# %% [markdown]
+# ## 6. The three attention types, side by side
+#
+# A Transformer for translation uses attention in three places (document 001 §3.4, document 000 §10):
+#
+# | attention | where | queries from | keys and values from | may see | mask | weights |
+# |---|---|---|---|---|---|---|
+# | encoder self-attention | every encoder layer | the encoder (source) | the encoder (source) | every real source token | source padding `[B, 1, 1, S]` | `[B, h, S, S]` |
+# | masked decoder self-attention | every decoder layer, first | the decoder (target) | the decoder (target) | itself and earlier real target tokens | causal AND target padding `[B, 1, T, T]` | `[B, h, T, T]` |
+# | encoder–decoder (cross-) attention | every decoder layer, second | the decoder (target) | the encoder output (memory) | every real source token | source padding `[B, 1, 1, S]` | `[B, h, T, S]` |
+#
+# ($B$ batch, $h$ heads, $S$ source length, $T$ target length.) Only the decoder's self-attention needs the causal
+# mask; padding must be hidden everywhere. The library's `EncoderDecoder` takes exactly two masks, `src_mask`
+# and `tgt_mask`: the first serves both the encoder and the cross-attention. Checking the shapes with three
+# attention modules:
+
+# %%
+torch.manual_seed(9)
+enc_self, dec_self, enc_dec = (MultiHeadAttention(d_model, n_heads).eval() for _ in range(3))
+src_x = torch.randn(3, 4, d_model)  # [B, S, d_model]
+tgt_x = torch.randn(3, 5, d_model)  # [B, T, d_model]
+with torch.no_grad():
+    enc_self(src_x, src_x, src_x, mask=src_mask, need_weights=True)
+    dec_self(tgt_x, tgt_x, tgt_x, mask=tgt_mask, need_weights=True)
+    enc_dec(tgt_x, src_x, src_x, mask=src_mask, need_weights=True)
+for name, module, mask in [("encoder self-attention", enc_self, src_mask),
+                           ("masked decoder self-att.", dec_self, tgt_mask),
+                           ("cross-attention", enc_dec, src_mask)]:
+    print(f"{name:<25} mask {str(list(mask.shape)):<14} weights {list(module.last_weights.shape)}")
+
+# %% [markdown]
+# The three masks of sentence 1 (*tu es* → *you are*), each broadcast to the full grid its attention uses. The
+# encoder's is a full block with the padded columns removed, the decoder's a triangle, the cross-attention's
+# a rectangle (document 004, §12.9, describes the first two as the encoder's full and the decoder's
+# triangular "interaction matrix"):
+
+# %%
+b = 1
+fig, axes = plt.subplots(1, 3, figsize=(8, 3.3))
+draw_mask(axes[0], src_mask[b, 0].expand(4, 4), src_words[b], src_words[b], "encoder self")
+draw_mask(axes[1], tgt_mask[b, 0], batch_words[b], batch_words[b], "decoder self (masked)")
+draw_mask(axes[2], src_mask[b, 0].expand(5, 4), batch_words[b], src_words[b], "cross (decoder -> encoder)")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## 7. Pitfalls, live
+#
+# Every pitfall below is a real bug that runs without an error message. Each is shown, measured, then fixed.
+#
+# ### Pitfall 1: masking after the softmax
+#
+# A tempting shortcut: compute the usual softmax, then zero the weights of the hidden keys (or multiply by the
+# mask). Take the query `I` (position 1): it may see `<s>` and itself, not the three keys after it.
+
+# %%
+scores_I = torch.tensor([1.0, 2.0, 0.5, 3.0, 1.5])  # query "I" against the 5 keys
+visible_I = causal[1]                                # [True, True, False, False, False]
+
+right = softmax(scores_I.masked_fill(~visible_I, torch.finfo(scores_I.dtype).min))
+wrong = softmax(scores_I) * visible_I                # softmax first, mask second
+print("mask before softmax:", right, f" sum {right.sum():.4f}")
+print("mask after softmax :", wrong, f" sum {wrong.sum():.4f}")
+
+# %% [markdown]
+# The weights after the late mask no longer sum to one: this row sums to 0.28, so the query's output
+# shrinks to about a quarter of its size, and by a different factor for every query. Worse, the future still leaks in, through the softmax's
+# denominator. Change only a **future** score (key 3, `student`) and watch the weights of the two *visible* keys:
+
+# %%
+scores_I_changed = scores_I.clone()
+scores_I_changed[3] = -2.0  # a different future token
+for name, s in [("original future score", scores_I), ("changed future score ", scores_I_changed)]:
+    late = softmax(s) * visible_I
+    early = softmax(s.masked_fill(~visible_I, torch.finfo(s.dtype).min))
+    print(f"{name}: late mask {late[:2]}   early mask {early[:2]}")
+
+# %% [markdown]
+# With the late mask, the weights on `<s>` and `I` depend on the future token: position 1 can still learn
+# from position 3. With the mask applied to the scores, they do not move. Rule: **mask the scores, then take the
+# softmax.**
+#
+# ### Pitfall 2: `-inf` and a row with nothing to attend to
+#
+# The source documents fill hidden scores with `float('-inf')`: $e^{-\infty} = 0$, exactly what we want. It
+# works as long as every row keeps at least one visible key. A row where *every* key is hidden becomes all
+# `-inf`, and the stable softmax computes $-\infty - (-\infty)$, which is NaN (not a number). Here in float16,
+# the dtype of mixed-precision training, with a query (row 1) that may see nothing:
+
+# %%
+scores16 = torch.tensor([[1.0, 2.0, 0.5], [0.3, -1.0, 2.0]], dtype=torch.float16)  # [2 queries, 3 keys]
+mask16 = torch.tensor([[True, True, False], [False, False, False]])  # query 1 may see no key
+naive = softmax(scores16.masked_fill(~mask16, float("-inf")))
+print("fill with -inf:\n", naive)
+
+# %% [markdown]
+# And a NaN never stays where it is born. The next layer mixes values; hidden keys get weight 0, but
+# $0 \times \mathrm{NaN} = \mathrm{NaN}$, so one NaN value poisons **every** output that merely *skips* it:
+
+# %%
+values3 = torch.tensor([[1.0, 0.0], [0.0, 1.0], [float("nan"), float("nan")]])  # value 2 is NaN
+weights3 = torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]])  # nobody looks at value 2 ...
+print("weights @ values:\n", weights3 @ values3)             # ... and still every output is NaN
+
+# %% [markdown]
+# The fix has two steps, and the library's `scaled_dot_product_attention` does both (in
+# `transformer_lib.attention.masked_softmax`):
+#
+# 1. Fill with **the most negative finite number of the dtype**, `torch.finfo(scores.dtype).min`, not `-inf`.
+#    A fully hidden row then holds equal finite numbers, and the softmax is defined: uniform.
+# 2. A uniform average over keys the query must not see is still wrong, so **set rows with no visible key to
+#    zero**: `weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)`. That query's output is then 0.
+
+# %%
+step1 = softmax(scores16.masked_fill(~mask16, torch.finfo(scores16.dtype).min))
+step2 = step1.masked_fill(~mask16.any(dim=-1, keepdim=True), 0.0)
+print(f"finfo(float16).min = {torch.finfo(torch.float16).min:.0f}")
+print("step 1, finfo.min fill:\n", step1)
+print("step 2, empty rows zeroed:\n", step2)
+
+# %% [markdown]
+# ### Exercise 4 — `masked_softmax`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
+#
+# Write `masked_softmax(scores, mask)`: the softmax over the last dimension (the keys) that respects a mask.
+#
+# * `scores`: `[..., L_q, L_k]`, any float dtype, float16 included.
+# * `mask`: bool, broadcastable to `scores` (for example `[L_q, L_k]` or `[batch, 1, 1, L_k]`), True = may attend.
+# * returns weights with the shape of `scores` (and its dtype): hidden keys get exactly 0; each row with a
+#   visible key sums to 1; a row with **no** visible key is all zeros, never NaN.
+#
+# Worked example: the two rows above, `masked_softmax(scores16, mask16)`, give `step2`.
+#
+# You may use `torch.softmax` or the `softmax` of chapter 02 (imported above).
+#
+# <details><summary>Hint 1</summary>Three steps: fill the hidden scores with <code>torch.finfo(scores.dtype).min</code>, take the softmax over <code>dim=-1</code>, then zero the rows where <code>mask.any(dim=-1, keepdim=True)</code> is False.</details>
+# <details><summary>Hint 2</summary><code>weights = torch.softmax(scores.masked_fill(~mask, torch.finfo(scores.dtype).min), dim=-1)</code>, then <code>return weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "masked_softmax", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Softmax over the keys in which hidden keys get zero weight; rows with nothing visible are zeros.
+
+    scores: [..., L_q, L_k] float; mask: bool broadcastable to scores, True = may attend.
+    Returns weights of the shape and dtype of scores.
+    """
+    ### BEGIN SOLUTION
+    hidden = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)  # finite, even in float16
+    shifted = hidden - hidden.amax(dim=-1, keepdim=True)
+    e = shifted.exp()
+    weights = e / e.sum(dim=-1, keepdim=True)  # [..., L_q, L_k]
+    empty = ~mask.any(dim=-1, keepdim=True)  # [..., L_q, 1]: queries that may see nothing
+    return weights.masked_fill(empty, 0.0)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "masked_softmax_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_masked_softmax(masked_softmax)
+### BEGIN HIDDEN TESTS
+check_masked_softmax(masked_softmax, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# The library's attention uses exactly this function, so that there is one copy of the logic:
+
+# %%
+from transformer_lib.attention import attention_scores, masked_softmax  # the reference: the rest of the chapter runs even if your answer is unfinished
+
+g = torch.Generator().manual_seed(10)
+q, k, v = (torch.randn(3, 2, 5, 8, generator=g) for _ in range(3))  # [batch, heads, T, d_k]
+_, weights = scaled_dot_product_attention(q, k, v, mask=tgt_mask)
+print("scaled_dot_product_attention's weights == masked_softmax(scores):",
+      torch.equal(weights, masked_softmax(attention_scores(q, k), tgt_mask)))
+print("float16 example:\n", masked_softmax(scores16, mask16))
+
+# %% [markdown]
+# ### Pitfall 3: a fill value that is not negative enough (and `-1e9` in float16)
+#
+# Why not fill with some "big" negative constant? Because "big" is relative to the scores. After the fill,
+# a hidden key has score $c$ and gets weight $e^{c} / (\sum_{\text{visible}} e^{s_j} + \sum_{\text{hidden}} e^{c})$.
+# That is tiny only if $c$ is far below **every visible score**, and scores can be large and negative.
+#
+# **Predict**: for a query whose visible scores are around $-12$, how much weight leaks to the hidden keys if
+# they are filled with $-10$?
+#
+# The cell below fills two hidden keys with several constants, for two queries: one with moderate visible
+# scores `[2, 1]`, one with very negative ones `[-12, -14]`.
+
+# %%
+hidden2 = torch.tensor([True, True, False, False])  # two visible keys, two hidden
+rows = {"visible scores [2, 1]": torch.tensor([2.0, 1.0, 5.0, 4.0]),
+        "visible scores [-12, -14]": torch.tensor([-12.0, -14.0, 5.0, 4.0])}
+print(f"{'fill value':>14} | " + " | ".join(f"{name:>26}" for name in rows))
+for fill in [0.0, -1.0, -10.0, -1e4, torch.finfo(torch.float32).min]:
+    leaks = [softmax(s.masked_fill(~hidden2, fill))[2:].sum().item() for s in rows.values()]
+    print(f"{fill:>14.4g} | " + " | ".join(f"{'leaked weight ' + format(x, '.2e'):>26}" for x in leaks))
+
+# %% [markdown]
+# A fill of 0 or $-1$ hands the hidden keys a large share. $-10$ looks safe for the first query, but for the
+# second the hidden keys take almost all the weight: $-10$ is *larger* than $-12$. Only a fill far below any
+# score that can occur is safe, which is why the library uses the most negative number of the dtype.
+#
+# Then why not the classic `-1e9` (the value in document 000's code, and document 001's advice for float16
+# in §4.4)?
+# In float32 it works. In float16, whose largest magnitude is 65504, $-10^9$ does not exist:
+
+# %%
+print(f"finfo(float16).min = {torch.finfo(torch.float16).min:.0f}, finfo(float32).min = {torch.finfo(torch.float32).min:.3g}")
+print("-1e9 as float16 :", torch.tensor(-1e9).to(torch.float16))
+try:
+    scores16.masked_fill(~mask16, -1e9)
+except RuntimeError as err:
+    print("masked_fill(~mask, -1e9) on float16 scores -> RuntimeError:", err)
+additive = torch.zeros(2, 3).masked_fill(~mask16, -1e9).to(torch.float16)  # an "additive mask" made in float32
+print("additive -1e9 mask cast to float16 -> softmax:\n", softmax(scores16 + additive))
+
+# %% [markdown]
+# `masked_fill` refuses outright, which is the kind outcome. The additive mask (a float mask added to the
+# scores, a common style) silently becomes `-inf` and brings back pitfall 2's NaN for the empty row.
+# `torch.finfo(scores.dtype).min` always fits the scores' dtype, whatever it is: $-65504$ in float16,
+# about $-3.4 \times 10^{38}$ in float32.
+#
+# ### Pitfall 4: padded queries, rows with nothing to attend to
+#
+# Section 3 hid padded *keys* only. It is tempting to hide padded *queries* too ("padding should not attend
+# to anything either"), with a mask that is False on their rows. Those rows then have nothing to attend to.
+# With the `-inf` fill, each one is a NaN, and pitfall 2 showed where NaN goes: into the next layer, where the
+# padded position is a key that every real token skips, with weight $0 \times \mathrm{NaN}$. Two stacked
+# attentions, the second one with the ordinary padding mask:
+
+# %%
+def naive_attention(q, k, v, mask):
+    """Attention with the -inf fill and nothing else: fine until a row has no visible key."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return softmax(scores.masked_fill(~mask, float("-inf"))) @ v
+
+
+real = tgt[1] != PAD                          # "<s> you are <pad> <pad>": [T, T, T, F, F]
+keys_only = real[None, :].expand(L, L)        # [5, 5]: hide padded keys (section 3)
+rows_too = keys_only & real[:, None]          # [5, 5]: ... and padded queries as well
+print("visible keys per query, rows hidden too:", rows_too.sum(-1).tolist())
+
+g = torch.Generator().manual_seed(11)
+h = torch.randn(L, 4, generator=g)  # one sentence, 5 positions, 4 features
+for name, first_mask in [("padded keys hidden (section 3)   ", keys_only), ("padded queries hidden too, -inf ", rows_too)]:
+    h1 = naive_attention(h, h, h, first_mask)    # layer 1
+    h2 = naive_attention(h1, h1, h1, keys_only)  # layer 2: ordinary padding mask
+    print(f"{name}: NaN in layer 1 at positions {h1.isnan().any(-1).nonzero().flatten().tolist()}, "
+          f"in layer 2 at positions {h2.isnan().any(-1).nonzero().flatten().tolist()}")
+
+# %% [markdown]
+# In layer 1 the NaN sits at the two padded positions, harmless-looking because the loss ignores them. One
+# layer later, the three *real* tokens are NaN too, and so is the loss. With `masked_softmax` the empty
+# rows are exact zeros instead, and nothing spreads:
+
+# %%
+h1 = masked_softmax(h @ h.T / math.sqrt(4), rows_too) @ h
+h2 = masked_softmax(h1 @ h1.T / math.sqrt(4), keys_only) @ h1
+print("masked_softmax: NaN anywhere?", bool(h1.isnan().any() or h2.isnan().any()), "| padded rows of layer 1:\n", h1[3:])
+
+# %% [markdown]
+# Two lessons. Hide padding on the **keys** only, as `padding_mask` does, and leave padded queries alone; the
+# loss ignores their outputs anyway. And make the softmax safe for empty rows, because they do occur in
+# practice: with **left padding** (padding at the start, used by many decoder-only models to batch prompts),
+# the causal mask AND the padding mask leave the first rows empty:
+
+# %%
+left_padded = torch.tensor([[PAD, PAD, 1, 7, 8]])  # "<pad> <pad> <s> you are"
+print("visible keys per query, left padding:", decoder_self_mask(left_padded, PAD)[0, 0].sum(-1).tolist())
+
+# %% [markdown]
+# ## Summary
+#
+# * **Teacher forcing** feeds the whole (shifted) target to the decoder at once; without a mask, position $t$
+#   reads token $t+1$, the answer it must predict. The hand-made cheat got 4 of 5 tokens right without knowing
+#   any English.
+# * The **causal mask** is the lower triangle, diagonal included: True where $j \le i$. With it, changing a
+#   future token changed no earlier output of `DecoderLayer` (a change of exactly 0), and the full-sentence run
+#   matched the prefix runs of generation.
+# * The **padding mask** `[batch, 1, 1, seq]` hides padded *keys* for every head and every query; with it a
+#   sentence's outputs no longer depend on its padding.
+# * The decoder's self-attention uses **causal AND padding**, `[batch, 1, L, L]` (`decoder_self_mask`).
+# * **Cross-attention** takes queries from the decoder and keys and values from the encoder's memory; its
+#   weights are `[batch, heads, T, S]`, and its only mask is the **source padding mask**.
+# * Masks act on the **scores, before the softmax**. Fill with `torch.finfo(dtype).min`, not `-inf` (NaN on
+#   empty rows), not a small constant (leaks), not `-1e9` (which is `-inf` in float16), and zero the rows
+#   with nothing to attend to. That is `masked_softmax`, which the library's attention now uses.
+#
+# ## What's next
+#
+# All the pieces of the Transformer are now in place. Chapter 07, **training and inference**, puts them to
+# work: the generator (linear + log-softmax), the cross-entropy loss that ignores padded positions, teacher
+# forcing with shifted targets, the warm-up schedule, and then generation, greedy and beam search, one token
+# at a time, with the encoder's memory computed once and a KV cache for the decoder.
+
+# %% [markdown]
+# ## Glossary · 术语表
+#
+# | English | 中文 | Meaning |
+# |---|---|---|
+# | decoder | 解码器 | the half of the Transformer that generates the target sequence token by token |
+# | autoregressive | 自回归 | each token is predicted from the tokens before it: $P(y_t \mid y_{<t}, x)$ |
+# | teacher forcing | 教师强制 | training with the true previous tokens as decoder input, all positions at once |
+# | shifted right | 右移一位 | the decoder input is `<s>` followed by the target without its last token |
+# | mask | 掩码 | boolean tensor, True = may attend, applied to the scores before the softmax |
+# | causal mask / look-ahead mask | 因果掩码 / 序列掩码（下三角） | lower triangle: position $i$ may see positions $j \le i$ only |
+# | padding | 填充 | filler tokens that make sentences of different lengths one rectangular tensor |
+# | padding mask | 填充掩码（padding mask） | hides padded keys: `[batch, 1, 1, seq]` |
+# | masked self-attention | 掩码自注意力 | the decoder's self-attention under causal AND padding masks |
+# | cross-attention | 交叉注意力 / 编码-解码器注意力 | queries from the decoder, keys and values from the encoder output |
+# | memory | 编码器输出（memory） | the encoder's output vectors, read by every decoder layer |
+# | broadcasting | 广播 | size-1 dimensions are repeated to match: `[B, 1, 1, S]` against `[B, h, T, S]` |
+# | fully masked row | 全被屏蔽的行 | a query with no visible key; must give zero weights, not NaN |
+# | NaN | 非数（NaN） | "not a number", e.g. $-\infty - (-\infty)$; spreads through every later sum |
+# | float16 / half precision | 半精度浮点 | 16-bit floats, largest magnitude 65504: `-1e9` overflows to `-inf` |
