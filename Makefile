@@ -14,6 +14,10 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_PORT ?= 8888
 
+# Tests and notebook builds run two processes on two cores: one thread each, or small
+# tensor ops spin-wait on each other (and thread counts change float reductions nbval compares).
+test test-fast notebooks grade: export OMP_NUM_THREADS = 1
+
 .PHONY: help venv lab test test-fast notebooks release grade check clean-grading
 
 help:

@@ -105,6 +105,10 @@ def main(argv=None) -> int:
     parser.add_argument("chapters", nargs="*", help="chapter folders, e.g. 02_self_attention (default: all)")
     args = parser.parse_args(argv)
     os.environ.setdefault("PYTHONHASHSEED", "0")
+    # One thread per kernel, as under `make test`, where two notebooks run at once on two
+    # cores: more threads than cores make small ops spin-wait, and the thread count can
+    # change the last digits of a float reduction that nbval compares.
+    os.environ["OMP_NUM_THREADS"] = "1"
     selected = args.chapters or chapters()
     unknown = sorted(set(selected) - set(chapters()))
     if unknown:

@@ -3,9 +3,10 @@
     .venv/bin/python benchmarks/notebook_times.py [CHAPTER ...]
 
 Budgets (DESIGN.md): each notebook at most 90 s, the whole course at most 12 minutes, on the
-2-core CI machine. Nothing is written back: the committed notebooks are left as they are.
+2-core CI machine. Kernels get one thread each, as under `make test`. Nothing is written back: the committed notebooks are left as they are.
 """
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ PER_NOTEBOOK, WHOLE_COURSE = 90.0, 12 * 60.0
 
 
 def main(chapters: list[str]) -> int:
+    os.environ["OMP_NUM_THREADS"] = "1"  # as `make test` and `make notebooks` run them
     chapters = chapters or sorted(p.name for p in (ROOT / "solutions").iterdir() if (p / f"{p.name}.ipynb").exists())
     total, over = 0.0, []
     for chapter in chapters:
