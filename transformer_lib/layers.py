@@ -1,9 +1,12 @@
 """The Transformer's layers and the encoder-decoder model ("Attention Is All You Need", section 3).
 
 Read top to bottom: LayerNorm, the position-wise feed-forward network, the residual
-sub-layer (post-norm as in the paper, pre-norm as most later models), the encoder and
-decoder layers, their stacks, the scaled token embedding, the generator, and the full
-model with its config. Masks follow the course convention: bool, True = may attend.
+sub-layer (post-norm as in the paper, pre-norm as most later models; Xiong et al., 2020,
+"On Layer Normalization in the Transformer Architecture"), the encoder and decoder layers,
+their stacks, the scaled token embedding, the generator, and the full model with its
+config. The first three come as plain functions of tensors (layer_norm, feed_forward,
+add_and_norm, the answers of chapter 05's exercises) that the modules call, so there is
+one copy of each formula. Masks follow the course convention: bool, True = may attend.
 """
 
 from __future__ import annotations
@@ -19,44 +22,110 @@ from .attention import KVCache, MultiHeadAttention
 from .positional import SinusoidalPositionalEncoding
 
 
+def layer_norm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm(x) = gamma * (x - mean) / sqrt(var + eps) + beta, over the last dimension.
+
+    x: [..., d]; gamma, beta: [d]. Returns [..., d]. The same as torch.nn.functional.layer_norm:
+    the biased variance (divide by d, not d - 1) and eps inside the square root. Each vector is
+    normalised with its own statistics, never with its neighbours' in the batch or the sentence.
+    """
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"layer_norm expects a floating point tensor x, got {got}")
+    if x.dim() < 1 or x.shape[-1] < 1:
+        raise ValueError(f"layer_norm needs x of shape [..., d] with d >= 1, got {list(x.shape)}")
+    d = x.shape[-1]
+    if gamma.shape != (d,) or beta.shape != (d,):
+        raise ValueError(f"gamma and beta must have shape [d] = [{d}] to match x {list(x.shape)}, "
+                         f"got gamma {list(gamma.shape)} and beta {list(beta.shape)}")
+    mean = x.mean(dim=-1, keepdim=True)  # [..., 1]
+    var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # [..., 1], biased: divide by d
+    return gamma * (x - mean) / torch.sqrt(var + eps) + beta  # [..., d]
+
+
 class LayerNorm(nn.Module):
     """Normalise each position's features to mean 0, variance 1, then scale and shift.
 
-    Same as torch.nn.LayerNorm: the biased variance (divide by d, not d - 1), eps inside the
-    square root. Statistics are per position, never across the batch, so padding and batch
-    size change nothing (unlike BatchNorm).
+    Same as torch.nn.LayerNorm (see layer_norm). Statistics are per position, never across
+    the batch, so padding and batch composition change nothing (unlike BatchNorm).
     """
 
     def __init__(self, d_model: int, eps: float = 1e-5):
         super().__init__()
-        self.gamma = nn.Parameter(torch.ones(d_model))
+        self.gamma = nn.Parameter(torch.ones(d_model))  # start as the identity map
         self.beta = nn.Parameter(torch.zeros(d_model))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        mean = x.mean(dim=-1, keepdim=True)  # [..., 1]
-        var = x.var(dim=-1, keepdim=True, unbiased=False)  # [..., 1]
-        return self.gamma * (x - mean) / torch.sqrt(var + self.eps) + self.beta
+        return layer_norm(x, self.gamma, self.beta, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.gamma.shape[0]}, eps={self.eps}"
+
+
+def feed_forward(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor,
+                 b2: torch.Tensor | None, activation=torch.relu, dropout=None) -> torch.Tensor:
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 2 of the paper), for every position at once.
+
+    x: [..., d_model]; w1: [d_model, d_ff], b1: [d_ff]; w2: [d_ff, d_model], b2: [d_model].
+    Returns [..., d_model]. Matrices multiply from the right, as x @ W^Q in chapter 02. Only
+    the last dimension is touched, so each position is transformed on its own (the same
+    weights everywhere: a 1x1 convolution over the sequence).
+    """
+    if w1.dim() != 2 or w2.dim() != 2 or x.shape[-1] != w1.shape[0] or w1.shape[1] != w2.shape[0]:
+        raise ValueError(f"feed_forward needs x [..., d_model], w1 [d_model, d_ff], w2 [d_ff, d_model]; "
+                         f"got x {list(x.shape)}, w1 {list(w1.shape)}, w2 {list(w2.shape)}")
+    hidden = x @ w1  # [..., d_ff]: expand
+    if b1 is not None:
+        hidden = hidden + b1
+    hidden = activation(hidden)  # the only non-linearity of the layer outside the softmax
+    if dropout is not None:
+        hidden = dropout(hidden)
+    out = hidden @ w2  # [..., d_model]: project back
+    return out + b2 if b2 is not None else out
+
+
+ACTIVATIONS = {"relu": torch.relu, "gelu": nn.functional.gelu}
 
 
 class PositionwiseFeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to every position separately (eq. 2)."""
+    """Two linear layers with a ReLU between, d_model -> d_ff -> d_model, applied to every
+    position separately (eq. 2; the paper's d_ff = 2048 = 4 * d_model)."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu"):
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
-        self.activation = {"relu": nn.ReLU(), "gelu": nn.GELU()}[activation]
+        self.activation = ACTIVATIONS[activation]
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear2(self.dropout(self.activation(self.linear1(x))))  # [..., d_model]
+        # nn.Linear stores its weight as [out, in]; feed_forward wants [in, out].
+        return feed_forward(x, self.linear1.weight.t(), self.linear1.bias, self.linear2.weight.t(),
+                            self.linear2.bias, self.activation, self.dropout)  # [..., d_model]
+
+
+def add_and_norm(x: torch.Tensor, sublayer, gamma: torch.Tensor, beta: torch.Tensor,
+                 norm_first: bool = False, eps: float = 1e-5) -> torch.Tensor:
+    """A sub-layer wrapped in a residual connection and a LayerNorm.
+
+    post-norm (norm_first=False, the paper): LayerNorm(x + sublayer(x))
+    pre-norm  (norm_first=True, GPT-2 and most later models): x + sublayer(LayerNorm(x))
+
+    x: [..., d_model]; sublayer: a function [..., d_model] -> [..., d_model]; gamma, beta: [d_model].
+    In pre-norm the sum with x is never normalised, so the path from the output back to x
+    is an exact identity: gradients reach early layers undiminished, however deep the stack.
+    """
+    if norm_first:
+        return x + sublayer(layer_norm(x, gamma, beta, eps))  # [..., d_model]
+    return layer_norm(x + sublayer(x), gamma, beta, eps)  # [..., d_model]
 
 
 class ResidualConnection(nn.Module):
-    """x + Sublayer(x), with LayerNorm after the sum (post-norm, the paper) or before the
-    sub-layer (pre-norm: the residual path stays an identity, which trains deep stacks
-    without warm-up tricks)."""
+    """add_and_norm with a learned LayerNorm and dropout on the sub-layer's output (the
+    paper drops out each sub-layer's output before it is added to the input)."""
 
     def __init__(self, d_model: int, dropout: float = 0.0, norm_first: bool = False):
         super().__init__()
@@ -65,13 +134,18 @@ class ResidualConnection(nn.Module):
         self.norm_first = norm_first
 
     def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
-        if self.norm_first:
-            return x + self.dropout(sublayer(self.norm(x)))
-        return self.norm(x + self.dropout(sublayer(x)))
+        return add_and_norm(x, lambda y: self.dropout(sublayer(y)), self.norm.gamma, self.norm.beta,
+                            self.norm_first, self.norm.eps)
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention, then the feed-forward network, each inside a residual connection."""
+    """Self-attention, then the feed-forward network, each inside a residual connection.
+
+    post-norm: x = LN1(x + SelfAttn(x)); out = LN2(x + FFN(x))
+    pre-norm:  x = x + SelfAttn(LN1(x)); out = x + FFN(LN2(x))
+    Attention is the only place where positions exchange information; the FFN then
+    transforms each position on its own.
+    """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0,
                  norm_first: bool = False, activation: str = "relu"):
@@ -117,12 +191,20 @@ class DecoderLayer(nn.Module):
         return self.residual3(x, self.feed_forward)
 
 
+def _check_n_layers(n_layers) -> None:
+    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
+        raise ValueError(f"a stack needs a positive integer number of layers, got n_layers={n_layers!r}")
+
+
 class Encoder(nn.Module):
-    """N identical encoder layers (a final LayerNorm only in pre-norm, where the stack's
-    output is otherwise never normalised)."""
+    """N encoder layers, each a deep copy of `layer` with its own parameters (like
+    torch.nn.TransformerEncoder, the copies start from equal values; EncoderDecoder
+    re-initialises them). A final LayerNorm only in pre-norm, where the stack's output is
+    otherwise never normalised."""
 
     def __init__(self, layer: EncoderLayer, n_layers: int, norm_first: bool = False):
         super().__init__()
+        _check_n_layers(n_layers)
         self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(n_layers))
         self.norm = LayerNorm(layer.self_attn.d_model) if norm_first else nn.Identity()
 
@@ -133,8 +215,11 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
+    """N decoder layers (deep copies of `layer`, as in Encoder); a final LayerNorm in pre-norm."""
+
     def __init__(self, layer: DecoderLayer, n_layers: int, norm_first: bool = False):
         super().__init__()
+        _check_n_layers(n_layers)
         self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(n_layers))
         self.norm = LayerNorm(layer.self_attn.d_model) if norm_first else nn.Identity()
 
@@ -154,7 +239,9 @@ class TokenEmbedding(nn.Module):
         self.d_model = d_model
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        if tokens.is_floating_point():
+        if not isinstance(tokens, torch.Tensor):
+            raise TypeError(f"TokenEmbedding expects a tensor of integer token ids, got {type(tokens).__name__}")
+        if tokens.is_floating_point() or tokens.dtype == torch.bool:
             raise TypeError(f"TokenEmbedding expects integer token ids, got dtype {tokens.dtype}")
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.embedding.num_embeddings):
             raise ValueError(f"token ids must lie in [0, {self.embedding.num_embeddings}), got "

@@ -1,0 +1,795 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 05 — Add & Norm, the feed-forward network, and the encoder layer
+#
+# Chapters 02–04 built the part of the Transformer everybody talks about: attention, split into heads, with
+# positions added to the input. But an attention layer on its own is not a Transformer layer. In the
+# architecture diagram every attention block is followed by a small box labelled **Add & Norm**, then a
+# **Feed Forward** block, then another **Add & Norm**. Those boxes look like plumbing. They are what makes it
+# possible to stack six layers (the paper), twelve (BERT-base), or ninety-six (GPT-3) and still train the
+# stack.
+#
+# This chapter takes the plumbing apart:
+#
+# 1. **Residual connections** ("Add"): what $x + F(x)$ does to the gradients of a 30-layer stack, measured.
+# 2. **LayerNorm** ("Norm"): the formula, to the last detail (which variance? where does $\epsilon$ go?).
+# 3. **LayerNorm vs BatchNorm** on padded batches of sentences of different lengths: the same sentence should
+#    give the same output whatever else is in the batch.
+# 4. **The position-wise feed-forward network**: expand to $d_{ff} = 4\,d_{model}$, ReLU, project back; why it
+#    is a $1 \times 1$ convolution, and how much of the model it is.
+# 5. **Post-norm vs pre-norm**: where the norm goes, what that does to gradients at initialisation, and why
+#    the paper needed a learning-rate warm-up.
+# 6. **The encoder layer**, assembled from these parts and checked against PyTorch's own.
+# 7. **The stack**: shapes through six layers, and the parameter count of the paper's base encoder.
+#
+# Four exercises are autograded: `layer_norm`, `feed_forward`, `add_and_norm` and the `EncoderBlock` class.
+# When an answer is wrong, the test cell says which common mistake it looks like.
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn as nn
+
+from transformer_lib.attention import MultiHeadAttention
+from transformer_lib.checks.ch05 import (
+    check_add_and_norm,
+    check_encoder_block,
+    check_feed_forward,
+    check_layer_norm,
+)
+from transformer_lib.layers import Encoder, EncoderLayer, LayerNorm, PositionwiseFeedForward, count_parameters
+from transformer_lib.masks import padding_mask
+
+torch.manual_seed(0)
+torch.set_printoptions(precision=4, sci_mode=False)
+
+# %% [markdown]
+# ## 1. Residual connections: a shortcut for the gradient
+#
+# A deep network is a long chain of functions, and backpropagation multiplies their Jacobians, one per layer.
+# If each layer shrinks the gradient by a factor of 0.5, thirty layers shrink it by $0.5^{30}$, about one
+# billionth (printed below): the first layers receive essentially no learning signal. This is the **vanishing gradient** problem that
+# kept networks shallow until 2015.
+#
+# The fix of ResNets (He et al., 2015), which the Transformer reuses around every sub-layer, is to learn a
+# *correction* to the input instead of a replacement for it:
+#
+# $$y = x + F(x).$$
+#
+# Differentiate: $\dfrac{\partial y}{\partial x} = I + \dfrac{\partial F}{\partial x}$. Whatever $F$ does, the
+# identity $I$ passes the gradient from $y$ back to $x$ untouched. Through a stack of such layers there is
+# always one path, the chain of shortcuts, along which the gradient is not multiplied by anything at all.
+# (Source 000 §9 describes the same picture: the shortcut lets the gradient travel back the way it came.)
+#
+# **Predict** before running: we build 30 layers, each $F(x) = \tanh(xW + b)$ with PyTorch's default
+# initialisation, once as a plain chain $x \leftarrow F(x)$ and once with shortcuts $x \leftarrow x + F(x)$. We
+# take the gradient of a fixed linear read-out of the last layer's output. How many times smaller than the
+# gradient of layer 30 will the gradient of layer 1 be, in each case: about 1, a thousand, or ten million times?
+
+# %%
+def per_layer_gradients(n_layers: int, residual: bool, d: int = 64, batch: int = 32) -> list[float]:
+    """Norm of dLoss/dW for each layer of a stack of tanh(x W + b) layers."""
+    torch.manual_seed(1)
+    layers = nn.ModuleList(nn.Linear(d, d) for _ in range(n_layers))
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(batch, d, generator=g)
+    readout = torch.randn(d, generator=g)  # the loss is a fixed linear function of the output
+    for layer in layers:
+        x = x + torch.tanh(layer(x)) if residual else torch.tanh(layer(x))  # [batch, d]
+    loss = (x @ readout).mean()
+    loss.backward()
+    return [layer.weight.grad.norm().item() for layer in layers]
+
+
+print(f"0.5 ** 30 = {0.5 ** 30:.1e}")
+plain = per_layer_gradients(30, residual=False)
+shortcut = per_layer_gradients(30, residual=True)
+for name, grads in [("plain chain   ", plain), ("with residuals", shortcut)]:
+    print(f"{name}: |grad| layer 1 = {grads[0]:.2e}, layer 30 = {grads[-1]:.2e}, "
+          f"layer 30 / layer 1 = {grads[-1] / grads[0]:.1e}")
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 3.2))
+ax.semilogy(range(1, 31), plain, "o-", label="x <- F(x)  (plain)")
+ax.semilogy(range(1, 31), shortcut, "s-", label="x <- x + F(x)  (residual)")
+ax.set_xlabel("layer (1 = closest to the input)")
+ax.set_ylabel("gradient norm of the layer's W")
+ax.set_title("30 tanh layers: gradient reaching each layer")
+ax.legend()
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Without shortcuts, the gradient loses a roughly constant factor per layer: a straight line on the log scale,
+# ending seven orders of magnitude lower at layer 1 (layer 30's gradient is $1.3 \times 10^{7}$ times larger). An
+# optimiser cannot do anything useful with that. With shortcuts, every layer receives a gradient of the same
+# order (layer 1's is even about twice layer 30's, since it collects the gradient of every path above it).
+# That is the whole point of "Add".
+#
+# Residual connections have a second, quieter effect: at initialisation, when $F$ is small and random,
+# $x + F(x) \approx x$, so a deep stack starts out close to the identity and the input's information reaches
+# the top intact. Each layer only has to learn what to *add* to the representation it is given.
+#
+# There is a price. Adding keeps adding: with nothing to rein it in, the size of $x$ drifts up (or down)
+# with depth. That is the job of the "Norm".
+
+# %% [markdown]
+# ## 2. LayerNorm, exactly
+#
+# **Layer normalisation** (Ba et al., 2016) takes one vector $x \in \mathbb{R}^{d}$, the $d$ features of one
+# token at one position, and rescales it to mean 0 and variance 1, then lets the model choose a scale and a
+# shift per feature:
+#
+# $$\mu = \frac{1}{d}\sum_{i=1}^{d} x_i, \qquad \sigma^2 = \frac{1}{d}\sum_{i=1}^{d} (x_i - \mu)^2, \qquad
+# \mathrm{LayerNorm}(x)_i = \gamma_i\, \frac{x_i - \mu}{\sqrt{\sigma^2 + \epsilon}} + \beta_i .$$
+#
+# Three details matter, and each is a classic bug:
+#
+# * the statistics are over the **features of one vector** (the last dimension), never over the batch or the
+#   positions;
+# * the variance divides by $d$, not $d - 1$ (the "biased" variance; `torch.var` divides by $d - 1$ by default);
+# * $\epsilon$ (PyTorch's default: $10^{-5}$) sits **inside** the square root. It only matters when a vector is
+#   nearly constant, which is exactly when it must keep the division finite.
+#
+# $\gamma$ (initialised to ones) and $\beta$ (zeros) are learned. With them, the layer can undo the
+# normalisation where that helps; without them, every vector would be forced onto the same sphere.
+
+# %% [markdown]
+# ### Exercise 1 — `layer_norm`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
+#
+# Write `layer_norm(x, gamma, beta, eps=1e-5)`.
+#
+# * `x`: `[..., d]`, any number of leading dimensions (batch, positions, ...).
+# * `gamma`, `beta`: `[d]`.
+# * returns `[..., d]`: each vector `x[..., :]` normalised with its own mean and variance, then scaled by
+#   `gamma` and shifted by `beta`.
+#
+# Worked example: `x = [1., 2., 3., 4.]` has mean 2.5 and (biased) variance 1.25; with `gamma` all ones and
+# `beta` all zeros the output is about `[-1.3416, -0.4472, 0.4472, 1.3416]`.
+#
+# <details><summary>Hint 1</summary>Reduce over <code>dim=-1</code> with <code>keepdim=True</code>, so that the
+# <code>[..., 1]</code> mean and variance broadcast against <code>[..., d]</code>.</details>
+# <details><summary>Hint 2</summary><code>mean = x.mean(dim=-1, keepdim=True)</code>;
+# <code>var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)</code>;
+# <code>return gamma * (x - mean) / torch.sqrt(var + eps) + beta</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "layer_norm", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def layer_norm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """Normalise each vector along the last dimension, then scale by gamma and shift by beta.
+
+    x: [..., d]; gamma, beta: [d]. Returns [..., d].
+    """
+    ### BEGIN SOLUTION
+    mean = x.mean(dim=-1, keepdim=True)  # [..., 1]
+    var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # [..., 1], divided by d
+    x_hat = (x - mean) / torch.sqrt(var + eps)  # [..., d], mean 0, variance ~1
+    return gamma * x_hat + beta
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "layer_norm_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_layer_norm(layer_norm)
+### BEGIN HIDDEN TESTS
+check_layer_norm(layer_norm, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# The worked example, and the library's version against PyTorch's `nn.LayerNorm` with the same random
+# $\gamma$ and $\beta$:
+
+# %%
+from transformer_lib.layers import layer_norm  # the reference: the rest of the chapter runs even if your answer is unfinished
+
+print(layer_norm(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.ones(4), torch.zeros(4)))
+
+x = torch.randn(2, 5, 16) * 3 + 1  # [batch, seq, d]
+torch_norm = nn.LayerNorm(16)
+with torch.no_grad():
+    torch_norm.weight.normal_()
+    torch_norm.bias.normal_()
+ours = layer_norm(x, torch_norm.weight, torch_norm.bias)
+print(f"max |ours - nn.LayerNorm| = {(ours - torch_norm(x)).abs().max():.1e}")
+
+# %% [markdown]
+# A note on the source documents. The LayerNorm code printed in source 000 (§9) divides by `x.std(-1) + eps`
+# with `eps = 1e-6`: the *unbiased* standard deviation, and $\epsilon$ *outside* the root. That is a
+# different function from `nn.LayerNorm`, noticeably so for small $d$ (the factor between the two standard
+# deviations is $\sqrt{d/(d-1)}$), and for nearly constant vectors (where the position of $\epsilon$ decides):
+
+# %%
+def source_000_layer_norm(x, eps=1e-6):  # as printed in source 000, gamma = 1, beta = 0
+    return (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + eps)
+
+
+for d in [4, 64, 512]:
+    v = torch.randn(1000, d)
+    gap = (source_000_layer_norm(v) - layer_norm(v, torch.ones(d), torch.zeros(d))).abs().max()
+    print(f"d = {d:3d}: max difference {gap:.4f}   sqrt(d/(d-1)) = {math.sqrt(d / (d - 1)):.4f}")
+flat = torch.tensor([[1.0, 1.001, 0.999, 1.0]])  # a nearly constant vector
+print("nearly constant vector, source 000:", source_000_layer_norm(flat))
+print("nearly constant vector, nn.LayerNorm:", layer_norm(flat, torch.ones(4), torch.zeros(4)))
+
+# %% [markdown]
+# Both are normalisations and both train; but if you load weights trained with one into the other, the outputs
+# change. This course, like PyTorch and the original TensorFlow code, uses the biased variance with
+# $\epsilon$ inside the root.
+
+# %% [markdown]
+# ## 3. Why LayerNorm and not BatchNorm?
+#
+# Vision networks normalise with **BatchNorm**: for each feature, the mean and variance are taken over the
+# *batch* (and, for sequences, over all positions too). Source 000 (§9) explains why Transformers don't: the
+# sentences of a batch have different lengths and interfere with one another. Let's see that interference.
+#
+# We take three "sentences" of 4, 7 and 2 tokens with 8 features each (random vectors, with a different scale
+# per sentence, as real sentences differ). To put them in one tensor, shorter sentences are **padded** with zero
+# vectors up to the longest length. We then look at sentence A (4 tokens) in three situations:
+#
+# * alone, in a batch of one;
+# * alone, but padded to length 10 (as if the batch's longest sentence were 10 tokens long);
+# * in a batch with the two other sentences.
+#
+# BatchNorm is written out below in three lines, statistics per feature over batch and positions, as
+# `nn.BatchNorm1d` computes them in training mode (the cell checks that).
+#
+# **Predict**: in which of the three situations does sentence A's output change, for BatchNorm? For LayerNorm?
+
+# %%
+d = 8
+g = torch.Generator().manual_seed(5)
+sentence_a = torch.randn(4, d, generator=g)                 # [4 tokens, d]
+sentence_b = torch.randn(7, d, generator=g) * 3.0 + 2.0     # [7 tokens, d], larger values
+sentence_c = torch.randn(2, d, generator=g) * 0.5 - 1.0     # [2 tokens, d]
+
+
+def pad_batch(sentences: list[torch.Tensor], length: int) -> torch.Tensor:
+    """Stack sentences into [batch, length, d], filling the missing positions with zero vectors."""
+    batch = torch.zeros(len(sentences), length, d)
+    for i, s in enumerate(sentences):
+        batch[i, : len(s)] = s
+    return batch
+
+
+def batch_norm(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """x: [batch, seq, d]. One mean and variance per feature, over every token of every sentence."""
+    mean = x.mean(dim=(0, 1), keepdim=True)  # [1, 1, d]
+    var = ((x - mean) ** 2).mean(dim=(0, 1), keepdim=True)  # [1, 1, d]
+    return (x - mean) / torch.sqrt(var + eps)
+
+
+ones, zeros = torch.ones(d), torch.zeros(d)
+check_batch = pad_batch([sentence_a, sentence_b, sentence_c], 7)
+torch_bn = nn.BatchNorm1d(d, affine=False).train()  # BatchNorm1d wants [batch, features, seq]
+gap = (batch_norm(check_batch) - torch_bn(check_batch.transpose(1, 2)).transpose(1, 2)).abs().max()
+print(f"our batch_norm vs nn.BatchNorm1d (training mode): max difference {gap:.1e}\n")
+
+situations = {
+    "alone": pad_batch([sentence_a], 4),
+    "alone, padded to 10": pad_batch([sentence_a], 10),
+    "with sentences B and C": pad_batch([sentence_a, sentence_b, sentence_c], 7),
+}
+bn_alone = batch_norm(situations["alone"])[0, :4]  # sentence A's 4 real tokens
+ln_alone = layer_norm(situations["alone"], ones, zeros)[0, :4]
+print(f"{'sentence A ...':<24} {'BatchNorm: max change':>22} {'LayerNorm: max change':>22} "
+      f"{'BN mean of feature 0':>21}")
+for name, batch in situations.items():
+    bn_out = batch_norm(batch)[0, :4]
+    ln_out = layer_norm(batch, ones, zeros)[0, :4]
+    feature_mean = batch.mean(dim=(0, 1))[0]
+    print(f"{name:<24} {(bn_out - bn_alone).abs().max():>22.4f} {(ln_out - ln_alone).abs().max():>22.4f} "
+          f"{feature_mean:>21.4f}")
+
+# %% [markdown]
+# LayerNorm's column is zero in every row: each token is normalised with its own statistics, so nothing else in
+# the tensor can reach it. BatchNorm's output for the *same four tokens* changes in both other situations (by up
+# to 1.44 and 1.91): the padding zeros drag every feature's mean towards 0 (last column: feature 0's mean falls
+# from 1.14 to 0.46), and the other sentences bring their own scales. During training the same sentence would be
+# normalised differently from one batch to the next, depending on its neighbours and on how much padding the
+# longest of them forced.
+#
+# Masking the padding out of BatchNorm's statistics fixes the second row but not the third: the statistics would
+# still mix sentences. At inference BatchNorm switches to running averages collected during training, so a
+# model also behaves differently in training and at test time. LayerNorm avoids all of it: same computation
+# at training and at test time, for batches of any size, one sentence at a time if need be. (Source 004 §12.4
+# puts it in one line: LayerNorm is like BatchNorm, but it normalises over the $D$ dimensions of each token
+# embedding instead of over the batch.)
+
+# %% [markdown]
+# ## 4. The position-wise feed-forward network
+#
+# After attention has let the positions exchange information, each position goes through the same small
+# two-layer network on its own (source 000 §7: attention mixes across words, the FFN transforms each word):
+#
+# $$\mathrm{FFN}(x) = \max(0,\; x W_1 + b_1)\, W_2 + b_2,$$
+#
+# with $W_1 \in \mathbb{R}^{d_{model} \times d_{ff}}$ and $W_2 \in \mathbb{R}^{d_{ff} \times d_{model}}$. The paper uses
+# $d_{model} = 512$ and $d_{ff} = 2048$: expand by a factor of 4, apply a ReLU, project back. The ReLU is what
+# makes it more than one big matrix; it is, apart from the softmax inside attention, the only
+# non-linearity of the whole layer.
+
+# %% [markdown]
+# ### Exercise 2 — `feed_forward`
+# > **Difficulty** ●○○ · **Importance** ●●● · about 5 minutes
+#
+# Write `feed_forward(x, w1, b1, w2, b2)`.
+#
+# * `x`: `[..., d_model]`.
+# * `w1`: `[d_model, d_ff]`, `b1`: `[d_ff]`, `w2`: `[d_ff, d_model]`, `b2`: `[d_model]` (matrices multiply from
+#   the right, as $x W^Q$ in chapter 02).
+# * returns `[..., d_model]`.
+#
+# Worked example: with `d_model = 1`, `d_ff = 2`, `w1 = [[1., -1.]]`, `b1 = [0., 0.]`, `w2 = [[2.], [3.]]`,
+# `b2 = [1.]`, the input `x = [[-2.]]` gives hidden values `[-2., 2.]`, then `[0., 2.]` after the ReLU, and
+# the output `[[7.]]` ($0 \cdot 2 + 2 \cdot 3 + 1$).
+#
+# <details><summary>Hint 1</summary>Two matrix products, two biases, one <code>torch.relu</code>, in the
+# order of the formula. The <code>@</code> operator takes care of any batch dimensions.</details>
+# <details><summary>Hint 2</summary><code>return torch.relu(x @ w1 + b1) @ w2 + b2</code></details>
+
+# %% nbgrader={"grade": false, "grade_id": "feed_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def feed_forward(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor,
+                 w2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
+    """FFN(x) = max(0, x w1 + b1) w2 + b2, on every position.
+
+    x: [..., d_model]; w1: [d_model, d_ff]; b1: [d_ff]; w2: [d_ff, d_model]; b2: [d_model].
+    Returns [..., d_model].
+    """
+    ### BEGIN SOLUTION
+    hidden = torch.relu(x @ w1 + b1)  # [..., d_ff]
+    return hidden @ w2 + b2  # [..., d_model]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "feed_forward_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+check_feed_forward(feed_forward)
+### BEGIN HIDDEN TESTS
+check_feed_forward(feed_forward, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# "Position-wise" means two things, both visible in the code: every position goes through the network
+# **independently**, and all positions share **the same weights**. Change the vector at one position and
+# only that position's output moves:
+
+# %%
+from transformer_lib.layers import feed_forward  # the reference: the rest of the chapter runs even if your answer is unfinished
+
+ffn = PositionwiseFeedForward(d_model=16, d_ff=64)  # the library's module: nn.Linear weights, calls feed_forward
+x = torch.randn(1, 6, 16)  # [batch, seq, d_model]
+x_changed = x.clone()
+x_changed[0, 2] = torch.randn(16)  # a new vector at position 2 only
+with torch.no_grad():
+    change = (ffn(x_changed) - ffn(x)).abs().amax(dim=-1)[0]  # [seq]
+print("largest output change at each position:", change)
+
+# %% [markdown]
+# The same weights at every position, each position on its own: that is exactly a **convolution with kernel
+# size 1** over the sequence, with $d_{model}$ input channels and $d_{ff}$ output channels (the paper says so in
+# section 3.3). Copy the weights into two `nn.Conv1d(kernel_size=1)` layers and compare:
+
+# %%
+conv1 = nn.Conv1d(16, 64, kernel_size=1)
+conv2 = nn.Conv1d(64, 16, kernel_size=1)
+with torch.no_grad():
+    conv1.weight.copy_(ffn.linear1.weight[:, :, None])  # [d_ff, d_model, kernel 1]
+    conv1.bias.copy_(ffn.linear1.bias)
+    conv2.weight.copy_(ffn.linear2.weight[:, :, None])  # [d_model, d_ff, kernel 1]
+    conv2.bias.copy_(ffn.linear2.bias)
+    as_conv = conv2(torch.relu(conv1(x.transpose(1, 2)))).transpose(1, 2)  # Conv1d wants [batch, channels, seq]
+    print(f"max |FFN - 1x1 convolution| = {(ffn(x) - as_conv).abs().max():.1e}")
+
+# %% [markdown]
+# **Predict**: in a layer of the paper's base model ($d_{model} = 512$, $d_{ff} = 2048$, 8 heads), which part holds
+# more parameters, the multi-head attention or the FFN? By how much?
+#
+# Attention has four $d_{model} \times d_{model}$ matrices ($W^Q, W^K, W^V, W^O$) with biases, the FFN two
+# $d_{model} \times d_{ff}$ matrices with biases, and each of the two LayerNorms a $\gamma$ and a $\beta$:
+
+# %%
+with torch.device("meta"):  # shapes only, no memory: we just count
+    base_layer = EncoderLayer(d_model=512, n_heads=8, d_ff=2048)
+parts = {
+    "multi-head attention": count_parameters(base_layer.self_attn),
+    "feed-forward network": count_parameters(base_layer.feed_forward),
+    "two LayerNorms": count_parameters(base_layer.residual1) + count_parameters(base_layer.residual2),
+}
+total = count_parameters(base_layer)
+for name, n in parts.items():
+    print(f"{name:<22} {n:>10,}  ({n / total:6.1%})")
+print(f"{'one encoder layer':<22} {total:>10,}")
+
+# %% [markdown]
+# Two thirds of each layer is the FFN: $2 \cdot 512 \cdot 2048 + 2048 + 512$ parameters against
+# $4 \cdot (512^2 + 512)$ for attention. Attention decides *which* information flows between positions; most of
+# the layer's capacity for *transforming* that information sits in the FFN. (Geva et al., 2021, read the FFN as a
+# key–value memory: each of the $d_{ff}$ hidden units has a key, its column of $W_1$, matched against the input,
+# and a value, its row of $W_2$, added to the output in proportion to the match.)
+
+# %% [markdown]
+# ## 5. Add & Norm: post-norm or pre-norm?
+#
+# A residual connection and a LayerNorm go around every sub-layer. There are two ways to combine them.
+#
+# **Post-norm**, the paper's choice (and the equations of source 004 §12.4): add, then normalise,
+#
+# $$x \leftarrow \mathrm{LayerNorm}\big(x + \mathrm{Sublayer}(x)\big).$$
+#
+# **Pre-norm**, used by GPT-2 and most models since: normalise the sub-layer's *input*, and leave the sum alone,
+#
+# $$x \leftarrow x + \mathrm{Sublayer}\big(\mathrm{LayerNorm}(x)\big).$$
+#
+# Look closely at the code of source 000 (§9): its `SublayerConnection` computes
+# `x + dropout(sublayer(norm(x)))`, which is **pre-norm**, although the figure it illustrates (and the paper)
+# shows Add & Norm *after* each sub-layer. The Annotated Transformer, which that code follows, made the same
+# switch, for simplicity. Both forms are everywhere; you should be able to tell them apart on sight.
+#
+# In pre-norm the running sum $x$ (the **residual stream**) is never normalised inside the stack, so a pre-norm
+# stack ends with one extra LayerNorm on its output.
+
+# %% [markdown]
+# ### Exercise 3 — `add_and_norm`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
+#
+# Write `add_and_norm(x, sublayer, gamma, beta, norm_first=False, eps=1e-5)`.
+#
+# * `x`: `[..., d_model]`.
+# * `sublayer`: a function taking and returning `[..., d_model]` tensors (in the encoder: the attention or the FFN).
+# * `gamma`, `beta`: `[d_model]`, the parameters of the LayerNorm.
+# * `norm_first=False`: post-norm, `LayerNorm(x + sublayer(x))`; `norm_first=True`: pre-norm,
+#   `x + sublayer(LayerNorm(x))`.
+# * returns `[..., d_model]`.
+#
+# Use the `layer_norm` of exercise 1 (the cell above imported the library's version, so it works even if yours
+# is unfinished).
+#
+# Worked example: with `sublayer = lambda y: 2 * y`, `gamma` all ones, `beta` all zeros and `x = [1., 2., 3., 4.]`,
+# post-norm gives `layer_norm(3 * x)`, about `[-1.3416, -0.4472, 0.4472, 1.3416]`, and pre-norm gives
+# `x + 2 * layer_norm(x)`, about `[-1.6833, 1.1056, 3.8944, 6.6833]`.
+#
+# <details><summary>Hint 1</summary>In pre-norm the sub-layer sees the normalised input, but the residual adds the
+# <em>raw</em> <code>x</code>. In post-norm the sub-layer sees the raw <code>x</code>, and the sum is normalised.</details>
+# <details><summary>Hint 2</summary><code>if norm_first: return x + sublayer(layer_norm(x, gamma, beta, eps))</code>;
+# otherwise <code>return layer_norm(x + sublayer(x), gamma, beta, eps)</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "add_and_norm", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def add_and_norm(x: torch.Tensor, sublayer, gamma: torch.Tensor, beta: torch.Tensor,
+                 norm_first: bool = False, eps: float = 1e-5) -> torch.Tensor:
+    """A sub-layer inside a residual connection with a LayerNorm: post-norm or pre-norm.
+
+    x: [..., d_model]; sublayer: [..., d_model] -> [..., d_model]; gamma, beta: [d_model].
+    Returns [..., d_model].
+    """
+    ### BEGIN SOLUTION
+    if norm_first:
+        return x + sublayer(layer_norm(x, gamma, beta, eps))  # pre-norm: the sum stays un-normalised
+    return layer_norm(x + sublayer(x), gamma, beta, eps)  # post-norm: normalise the sum
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "add_and_norm_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_add_and_norm(add_and_norm)
+### BEGIN HIDDEN TESTS
+check_add_and_norm(add_and_norm, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# The worked example, with the library's version:
+
+# %%
+from transformer_lib.layers import add_and_norm  # the reference: the rest of the chapter runs even if your answer is unfinished
+
+x4 = torch.tensor([1.0, 2.0, 3.0, 4.0])
+print("post-norm:", add_and_norm(x4, lambda y: 2 * y, torch.ones(4), torch.zeros(4), norm_first=False))
+print("pre-norm: ", add_and_norm(x4, lambda y: 2 * y, torch.ones(4), torch.zeros(4), norm_first=True))
+
+# %% [markdown]
+# ### What the choice does to the gradients
+#
+# The paper trained its post-norm model with a **learning-rate warm-up**: the learning rate grows linearly over
+# the first 4000 steps before it decays (chapter 07 implements that schedule). Without warm-up, post-norm
+# Transformers often diverge early in training. Pre-norm models train with a much shorter warm-up or none,
+# and stack far more layers. Xiong et al. (2020, *On Layer Normalization in the Transformer Architecture*)
+# traced the difference to the gradients at initialisation. Let us measure them.
+#
+# We build 12 encoder layers (the library's `EncoderLayer`, $d_{model} = 32$, 4 heads, $d_{ff} = 128$, Glorot
+# initialisation) in both forms, feed a random batch, take a mean-squared error against random targets, and
+# record for every layer the gradient norm of its FFN's second matrix $W_2$, and the size of the residual
+# stream after the layer. Three random initialisations, averaged.
+
+# %%
+def stack_gradients(n_layers: int, norm_first: bool, seed: int, d: int = 32, heads: int = 4):
+    """Per-layer |dLoss/dW2| of the FFN, and the mean norm of the residual stream after each layer."""
+    torch.manual_seed(seed)
+    layers = nn.ModuleList(EncoderLayer(d, heads, 4 * d, norm_first=norm_first) for _ in range(n_layers))
+    for p in layers.parameters():
+        if p.dim() > 1:
+            nn.init.xavier_uniform_(p)  # the initialisation of the reference implementations
+    final_norm = LayerNorm(d) if norm_first else nn.Identity()  # pre-norm stacks end with a LayerNorm
+    g = torch.Generator().manual_seed(100 + seed)
+    x = torch.randn(4, 12, d, generator=g)  # [batch, seq, d_model]
+    target = torch.randn(4, 12, d, generator=g)
+    stream = []
+    for layer in layers:
+        x = layer(x)
+        stream.append(x.norm(dim=-1).mean().item())
+    loss = ((final_norm(x) - target) ** 2).mean()
+    loss.backward()
+    return [layer.feed_forward.linear2.weight.grad.norm().item() for layer in layers], stream
+
+
+def averaged(n_layers: int, norm_first: bool, seeds=(0, 1, 2)):
+    runs = [stack_gradients(n_layers, norm_first, s) for s in seeds]
+    grads = torch.tensor([r[0] for r in runs]).mean(dim=0)  # [n_layers]
+    stream = torch.tensor([r[1] for r in runs]).mean(dim=0)  # [n_layers]
+    return grads, stream
+
+
+post_grads, post_stream = averaged(12, norm_first=False)
+pre_grads, pre_stream = averaged(12, norm_first=True)
+print("layer:                 " + " ".join(f"{i:>6d}" for i in range(1, 13)))
+print("post-norm |grad W2|:   " + " ".join(f"{v:6.3f}" for v in post_grads))
+print("pre-norm  |grad W2|:   " + " ".join(f"{v:6.3f}" for v in pre_grads))
+print("post-norm |x| after:   " + " ".join(f"{v:6.1f}" for v in post_stream))
+print("pre-norm  |x| after:   " + " ".join(f"{v:6.1f}" for v in pre_stream))
+print(f"pre-norm: layer 1 / layer 12 gradient = {pre_grads[0] / pre_grads[-1]:.2f}, sqrt(12) = {math.sqrt(12):.2f}")
+
+# %% [markdown]
+# How does the top layer's gradient depend on the depth of the stack? Repeat for stacks of 2 to 32 layers:
+
+# %%
+depths = [2, 4, 8, 16, 32]
+top_post, top_pre = [], []
+for n in depths:
+    top_post.append(averaged(n, norm_first=False, seeds=(0, 1))[0][-1].item())
+    top_pre.append(averaged(n, norm_first=True, seeds=(0, 1))[0][-1].item())
+print("layers in the stack:      " + " ".join(f"{n:>6d}" for n in depths))
+print("post-norm, top |grad W2|: " + " ".join(f"{v:6.3f}" for v in top_post))
+print("pre-norm,  top |grad W2|: " + " ".join(f"{v:6.3f}" for v in top_pre))
+
+# %%
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3.4))
+ax1.plot(range(1, 13), post_grads, "o-", label="post-norm")
+ax1.plot(range(1, 13), pre_grads, "s-", label="pre-norm")
+ax1.set_xlabel("layer (1 = bottom)")
+ax1.set_ylabel("|dLoss/dW2| at initialisation")
+ax1.set_title("12-layer stack")
+ax1.set_ylim(bottom=0)
+ax1.legend()
+ax2.loglog(depths, top_post, "o-", label="post-norm")
+ax2.loglog(depths, top_pre, "s-", label="pre-norm")
+ax2.loglog(depths, [top_pre[0] * math.sqrt(depths[0] / n) for n in depths], "k:", label="~ 1/sqrt(L)")
+ax2.set_xticks(depths, [str(n) for n in depths])
+ax2.set_yticks([0.05, 0.1, 0.2, 0.3], ["0.05", "0.1", "0.2", "0.3"])
+ax2.minorticks_off()
+ax2.set_xlabel("number of layers L")
+ax2.set_ylabel("top layer's |dLoss/dW2|")
+ax2.set_title("Gradient of the top layer vs depth")
+ax2.legend(fontsize=8)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# What the numbers say:
+#
+# * **Post-norm** normalises the stream after every sub-layer, so its size stays fixed: each LayerNorm output has
+#   norm $\sqrt{d_{model}} = \sqrt{32} \approx 5.7$ (printed above). Every layer gets a gradient of about the same size,
+#   and, in the right panel, **the top layer's gradient does not shrink as the stack gets deeper**.
+# * **Pre-norm** lets the stream grow: each layer adds its output to it, so its norm grows roughly like
+#   $\sqrt{\text{layer}}$. Each layer's contribution is a smaller and smaller part of a bigger and bigger sum, and its
+#   gradient shrinks accordingly, roughly like $1/\sqrt{\text{layer}}$ (layer 1 vs layer 12 above, close to
+#   $\sqrt{12}$), and the top layer's gradient falls like $1/\sqrt{L}$ as the stack deepens.
+#
+# Why that makes warm-up necessary for post-norm (Xiong et al., 2020): at initialisation the layers of a post-norm
+# stack all receive large gradients, and every one of them changes the output directly, because nothing dilutes
+# a layer's contribution in post-norm. A first optimiser step at the full learning rate therefore moves the
+# whole stack a lot, the more so the more layers there are, and training can blow up before it has started. The
+# warm-up keeps the first steps small until the model has left this fragile starting point (and until Adam's
+# running estimates of the gradient statistics are reliable). In pre-norm the updates are automatically damped
+# by depth, and the shortcut path from the loss to every layer is an exact identity, never divided by a
+# LayerNorm: the same learning rate is safe from the first step, and stacks of dozens of layers train without
+# tricks. That is why GPT-2, GPT-3 and most large models since are pre-norm. The price of pre-norm is that the
+# growing stream makes deep layers' contributions relatively small (Liu et al., 2020, discuss this trade-off);
+# the paper's post-norm, with warm-up, is still competitive for moderate depths.
+
+# %% [markdown]
+# ## 6. The encoder layer, assembled
+#
+# An encoder layer is two sub-layers, each wrapped in Add & Norm (source 000 §7; the equations of source 004 §12.4
+# in post-norm form):
+#
+# $$x \leftarrow \mathrm{LayerNorm}_1\big(x + \mathrm{MultiHeadSelfAttention}(x)\big), \qquad
+# x \leftarrow \mathrm{LayerNorm}_2\big(x + \mathrm{FFN}(x)\big).$$
+#
+# Attention first: it is the only place where positions exchange information. The FFN then processes each
+# position, now informed by its context. In pre-norm the same two sub-layers appear in the same order, with
+# $x \leftarrow x + \mathrm{Sublayer}(\mathrm{LayerNorm}(x))$.
+
+# %% [markdown]
+# ### Exercise 4 — the `EncoderBlock` class
+# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
+#
+# The constructor is written for you: a `MultiHeadAttention` (chapter 03), a `PositionwiseFeedForward`, and two
+# `LayerNorm`s, `norm1` around the attention and `norm2` around the FFN (each has its own `gamma` and `beta`).
+# Write `forward(self, x, mask=None)`:
+#
+# * `x`: `[batch, seq, d_model]`; `mask`: `None` or a boolean padding mask that broadcasts to the attention
+#   scores (`True` = may attend), e.g. `[batch, 1, seq]`. Pass it to the attention:
+#   `self.self_attn(query, key, value, mask)`.
+# * post-norm when `self.norm_first` is False, pre-norm when it is True.
+# * returns `[batch, seq, d_model]`.
+#
+# You may use `add_and_norm` (e.g. with `self.norm1.gamma, self.norm1.beta`) or the modules directly
+# (`self.norm1(y)`). The checker copies the same random weights into your block and into the library's
+# `EncoderLayer` and compares the outputs.
+#
+# <details><summary>Hint 1</summary>The attention sub-layer is a function of one tensor:
+# <code>lambda y: self.self_attn(y, y, y, mask)</code>. The FFN already is one: <code>self.feed_forward</code>.</details>
+# <details><summary>Hint 2</summary>Post-norm: <code>x = self.norm1(x + self.self_attn(x, x, x, mask))</code>, then
+# <code>return self.norm2(x + self.feed_forward(x))</code>. Pre-norm: <code>y = self.norm1(x)</code>,
+# <code>x = x + self.self_attn(y, y, y, mask)</code>, then <code>return x + self.feed_forward(self.norm2(x))</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "encoder_block", "locked": false, "schema_version": 3, "solution": true, "task": false}
+class EncoderBlock(nn.Module):
+    """Self-attention, then the position-wise FFN, each with a residual connection and a LayerNorm."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, norm_first: bool = False):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff)
+        self.norm1 = LayerNorm(d_model)  # around the attention
+        self.norm2 = LayerNorm(d_model)  # around the FFN
+        self.norm_first = norm_first
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [batch, seq, d_model] -> [batch, seq, d_model]."""
+        ### BEGIN SOLUTION
+        if self.norm_first:
+            y = self.norm1(x)
+            x = x + self.self_attn(y, y, y, mask)  # [batch, seq, d_model]
+            return x + self.feed_forward(self.norm2(x))
+        x = self.norm1(x + self.self_attn(x, x, x, mask))  # [batch, seq, d_model]
+        return self.norm2(x + self.feed_forward(x))
+        ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "encoder_block_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+check_encoder_block(EncoderBlock)
+### BEGIN HIDDEN TESTS
+check_encoder_block(EncoderBlock, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# The library's `EncoderLayer` is the same block (its LayerNorms sit in `residual1.norm` and `residual2.norm`,
+# wrapped with dropout). Is it the layer PyTorch ships? Copy its weights into `nn.TransformerEncoderLayer` and
+# compare, in both forms, with a padding mask. PyTorch keeps $W^Q, W^K, W^V$ stacked in one `in_proj_weight`, and
+# its padding mask marks the pads with `True`, the opposite of this course's convention.
+
+# %%
+def to_torch_layer(ours: EncoderLayer, norm_first: bool) -> nn.TransformerEncoderLayer:
+    d_model, n_heads = ours.self_attn.d_model, ours.self_attn.n_heads
+    theirs = nn.TransformerEncoderLayer(d_model, n_heads, ours.feed_forward.linear1.out_features, dropout=0.0,
+                                        batch_first=True, norm_first=norm_first)
+    attn = ours.self_attn
+    with torch.no_grad():
+        theirs.self_attn.in_proj_weight.copy_(torch.cat([attn.w_q.weight, attn.w_k.weight, attn.w_v.weight]))
+        theirs.self_attn.in_proj_bias.copy_(torch.cat([attn.w_q.bias, attn.w_k.bias, attn.w_v.bias]))
+        theirs.self_attn.out_proj.load_state_dict(attn.w_o.state_dict())
+        theirs.linear1.load_state_dict(ours.feed_forward.linear1.state_dict())
+        theirs.linear2.load_state_dict(ours.feed_forward.linear2.state_dict())
+        for theirs_norm, residual in [(theirs.norm1, ours.residual1), (theirs.norm2, ours.residual2)]:
+            theirs_norm.weight.copy_(residual.norm.gamma)
+            theirs_norm.bias.copy_(residual.norm.beta)
+    return theirs.train()  # training mode with dropout 0 keeps PyTorch on its plain (not fused) path
+
+
+tokens = torch.tensor([[5, 9, 3, 7, 2, 8], [4, 6, 1, 0, 0, 0]])  # two sentences, 0 = padding
+x = torch.randn(2, 6, 32)
+for norm_first in [False, True]:
+    ours = EncoderLayer(32, 4, 128, norm_first=norm_first)
+    with torch.no_grad():
+        ours.residual1.norm.gamma.uniform_(0.5, 1.5)  # not all ones, so that a misplaced norm would show
+        ours.residual2.norm.beta.normal_()
+    theirs = to_torch_layer(ours, norm_first)
+    ours_out = ours(x, padding_mask(tokens, 0))  # True = may attend
+    theirs_out = theirs(x, src_key_padding_mask=tokens == 0)  # True = padding
+    gap = (ours_out - theirs_out).abs().max()
+    print(f"norm_first={norm_first!s:<5}: max |ours - nn.TransformerEncoderLayer| = {gap:.1e}")
+
+# %% [markdown]
+# ## 7. Stacking layers: the encoder
+#
+# The encoder is $N$ such layers in a row, the output of one the input of the next (source 000 §7): same
+# computation, separate parameters. The library's `Encoder(layer, n_layers)` makes `n_layers` deep copies of a
+# layer (so each has its own weights) and, in pre-norm, adds the final LayerNorm. The shape never changes:
+# `[batch, seq, d_model]` in, `[batch, seq, d_model]` out, at every layer. That is what makes stacking possible.
+
+# %%
+small_encoder = Encoder(EncoderLayer(d_model=32, n_heads=4, d_ff=128), n_layers=6)
+mask = padding_mask(tokens, 0)  # [batch, 1, 1, seq]
+h = x
+print(f"input            {list(h.shape)}")
+with torch.no_grad():
+    for i, layer in enumerate(small_encoder.layers, start=1):
+        h = layer(h, mask)
+        print(f"after layer {i}    {list(h.shape)}   mean |h| per position {h.norm(dim=-1).mean():.3f}")
+    print("same as Encoder.forward:", torch.allclose(h, small_encoder(x, mask)))
+same_storage = small_encoder.layers[0].feed_forward.linear1.weight.data_ptr() == \
+    small_encoder.layers[1].feed_forward.linear1.weight.data_ptr()
+print("layers 1 and 2 share their weight tensor:", same_storage)
+
+# %% [markdown]
+# Every layer of this post-norm stack ends in a LayerNorm with $\gamma = 1, \beta = 0$, so every position
+# leaves every layer with norm $\sqrt{32} \approx 5.657$.
+#
+# Finally, the size of the real thing. The paper's base encoder has $N = 6$ layers with $d_{model} = 512$, 8 heads and
+# $d_{ff} = 2048$. Built on PyTorch's `meta` device, nothing is allocated; we only count:
+
+# %%
+with torch.device("meta"):
+    base_encoder = Encoder(EncoderLayer(d_model=512, n_heads=8, d_ff=2048), n_layers=6)
+per_layer = count_parameters(base_encoder.layers[0])
+print(f"one layer:              {per_layer:>12,}")
+print(f"the base encoder (N=6): {count_parameters(base_encoder):>12,}")
+print(f"check: 6 x (4 (512^2 + 512) + 2 (512 * 2048) + 2048 + 512 + 4 * 512) = "
+      f"{6 * (4 * (512**2 + 512) + 2 * 512 * 2048 + 2048 + 512 + 4 * 512):,}")
+
+# %% [markdown]
+# About 18.9 million parameters, before any embedding: the decoder (chapter 06) has a third sub-layer per layer, and
+# the embedding matrices come on top (chapter 07 assembles the whole model).
+
+# %% [markdown]
+# ## Summary
+#
+# * A **residual connection** computes $x + F(x)$. Its Jacobian $I + \partial F/\partial x$ gives the gradient a
+#   path through the stack on which it is never shrunk: in a 30-layer tanh stack, the first layer's gradient went
+#   from about $10^{-7}$ times the last layer's to the same order.
+# * **LayerNorm** normalises each token's feature vector by itself: mean and *biased* variance over the last
+#   dimension, $\epsilon$ inside the square root, then $\gamma \hat{x} + \beta$. Source 000's code
+#   (`x.std() + eps`) is a slightly different function.
+# * **BatchNorm**'s statistics mix the tokens of a batch, padding included: the same sentence got a different
+#   output when padded or batched with others; LayerNorm's output did not change at all.
+# * The **position-wise FFN**, $\max(0, xW_1 + b_1)W_2 + b_2$ with $d_{ff} = 4 d_{model}$, treats each position
+#   on its own with shared weights (a $1 \times 1$ convolution) and holds two thirds of an encoder layer's
+#   parameters.
+# * **Post-norm** $\mathrm{LN}(x + F(x))$ (the paper) keeps the stream normalised, and its layers' gradients do not
+#   shrink with depth, which is why it needs a learning-rate warm-up. **Pre-norm** $x + F(\mathrm{LN}(x))$ keeps an
+#   exact identity path, damps each layer's gradient as the stack deepens, and trains deep stacks more easily.
+# * An **encoder layer** is self-attention then FFN, each inside Add & Norm; it matches
+#   `nn.TransformerEncoderLayer`. The paper's base encoder (6 layers) has 18,914,304 parameters.
+#
+# ## What's next
+#
+# Chapter 06 builds the **decoder** side: the causal mask that stops a position from looking at the future,
+# padding masks, and cross-attention, the third sub-layer through which the decoder reads the encoder's output.
+
+# %% [markdown]
+# ## Glossary · 术语表
+#
+# | English | 中文 | Meaning |
+# |---|---|---|
+# | residual connection | 残差连接 | the shortcut $y = x + F(x)$ around a sub-layer |
+# | vanishing gradient | 梯度消失 | gradients shrinking layer after layer on their way back to the input |
+# | layer normalisation (LayerNorm) | 层归一化 | normalise each token's feature vector by its own mean and variance |
+# | batch normalisation (BatchNorm) | 批归一化 | normalise each feature with statistics over the batch (and positions) |
+# | biased variance | 有偏方差 | the variance divided by $d$ rather than $d - 1$ |
+# | gain and bias ($\gamma$, $\beta$) | 缩放因子与平移因子 | LayerNorm's learned per-feature scale and shift |
+# | padding | 填充 | filler tokens that bring the sentences of a batch to one length |
+# | position-wise feed-forward network | 逐位置前馈网络 (FFN) | the same two-layer MLP applied to every position separately |
+# | inner dimension $d_{ff}$ | 中间层维度 | the FFN's hidden size, 2048 = 4 × 512 in the paper |
+# | 1×1 convolution | 1×1 卷积 | a convolution with kernel size 1: the same linear map at every position |
+# | Add & Norm | 残差与归一化 | the residual connection plus LayerNorm around each sub-layer |
+# | post-norm | 后置归一化 (Post-LN) | $\mathrm{LN}(x + F(x))$: the paper's arrangement |
+# | pre-norm | 前置归一化 (Pre-LN) | $x + F(\mathrm{LN}(x))$: GPT-2's and most later models' arrangement |
+# | residual stream | 残差流 | the running sum $x$ that every sub-layer reads from and adds to |
+# | learning-rate warm-up | 学习率预热 | starting training with a small learning rate that grows over the first steps |
+# | encoder layer | 编码器层 | self-attention then FFN, each inside Add & Norm; stacked $N$ times |
