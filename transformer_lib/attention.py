@@ -7,6 +7,7 @@ broadcastable to [..., L_q, L_k].
 """
 
 import math
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -176,6 +177,73 @@ def self_attention(x, w_q, w_k, w_v, mask=None):
     return scaled_dot_product_attention(q, k, v, mask=mask)
 
 
+def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Cut the features of every position into n_heads blocks of d_k = d_model / n_heads,
+    and move the heads in front of the positions: [batch, seq, d_model] -> [batch, heads, seq, d_k].
+
+    Head i owns the contiguous features i*d_k ... (i+1)*d_k - 1 of each position.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"split_heads expects a torch.Tensor [batch, seq, d_model], got {type(x).__name__}")
+    if x.dim() != 3:
+        raise ValueError(f"split_heads expects [batch, seq, d_model], got shape {list(x.shape)}")
+    batch, seq, d_model = x.shape
+    try:
+        h = None if isinstance(n_heads, bool) else operator.index(n_heads)
+    except TypeError:
+        h = None
+    if h is None or h < 1 or d_model % h != 0:
+        raise ValueError(
+            f"d_model ({d_model}) must be divisible by n_heads ({n_heads!r}): each head gets "
+            f"d_model / n_heads features"
+        )
+    # [batch, seq, heads, d_k] first (cuts the feature axis only), then the transpose puts
+    # heads before positions so that each head attends on its own. Viewing straight to
+    # [batch, heads, seq, d_k] would cut across positions instead.
+    return x.reshape(batch, seq, h, d_model // h).transpose(1, 2)  # [batch, heads, seq, d_k]
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """The inverse of split_heads: concatenate the heads' outputs of every position,
+    [batch, heads, seq, d_k] -> [batch, seq, heads * d_k]."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"merge_heads expects a torch.Tensor [batch, heads, seq, d_k], got {type(x).__name__}")
+    if x.dim() != 4:
+        raise ValueError(f"merge_heads expects [batch, heads, seq, d_k], got shape {list(x.shape)}")
+    batch, heads, seq, d_k = x.shape
+    # After the transpose the memory is no longer laid out row by row, so view() would
+    # fail: reshape copies when it has to.
+    return x.transpose(1, 2).reshape(batch, seq, heads * d_k)  # [batch, seq, d_model]
+
+
+def _mask_for_heads(mask):
+    """A [batch, L_q, L_k] mask (or [batch, 1, L_k]) becomes [batch, 1, L_q, L_k]: the same
+    mask for every head. 2-D masks [L_q, L_k] and 4-D masks already broadcast correctly."""
+    if isinstance(mask, torch.Tensor) and mask.dim() == 3:
+        return mask.unsqueeze(1)  # [batch, 1, L_q, L_k]
+    return mask
+
+
+def multi_head_attention_forward(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask=None):
+    """Multi-head attention with plain weight matrices (no biases), eq. of section 3.2.2:
+
+        MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
+        head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i)
+
+    where W^Q_i is the i-th block of d_k columns of w_q (and likewise for K and V).
+
+    query: [batch, L_q, d_model]; key, value: [batch, L_k, d_model].
+    w_q, w_k, w_v: [d_model, d_model], w_o: [d_model, d_model], applied as x @ w.
+    mask: bool, True = may attend; [L_q, L_k], [batch, L_q, L_k], [batch, 1, L_k], or 4-D per head.
+    Returns (output [batch, L_q, d_model], weights [batch, heads, L_q, L_k]).
+    """
+    q = split_heads(query @ w_q, n_heads)  # [batch, heads, L_q, d_k]
+    k = split_heads(key @ w_k, n_heads)  # [batch, heads, L_k, d_k]
+    v = split_heads(value @ w_v, n_heads)  # [batch, heads, L_k, d_v]
+    out, weights = scaled_dot_product_attention(q, k, v, mask=_mask_for_heads(mask))  # [batch, heads, L_q, d_v]
+    return merge_heads(out) @ w_o, weights  # [batch, L_q, d_model], [batch, heads, L_q, L_k]
+
+
 @dataclass
 class KVCache:
     """Keys and values one attention layer has already computed, kept across decoding steps.
@@ -222,22 +290,26 @@ class MultiHeadAttention(nn.Module):
         self.last_weights: torch.Tensor | None = None
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        # The transpose puts heads before positions, so each head attends independently.
-        return x.view(batch, seq, self.n_heads, self.d_k).transpose(1, 2)  # [batch, heads, seq, d_k]
+        return split_heads(x, self.n_heads)  # [batch, heads, seq, d_k]
 
     def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
-        batch, _, seq, _ = x.shape
-        return x.transpose(1, 2).reshape(batch, seq, self.d_model)  # [batch, seq, d_model]
+        return merge_heads(x)  # [batch, seq, d_model]
 
     def _check(self, query, key, value):
         for name, t in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor [batch, seq, d_model], got {type(t).__name__}")
             if t.dim() != 3 or t.shape[-1] != self.d_model:
                 raise ValueError(
                     f"{name} must be [batch, seq, d_model={self.d_model}], got shape {list(t.shape)}"
                 )
         if key.shape[:2] != value.shape[:2]:
             raise ValueError(f"key and value must have the same [batch, seq]: got {list(key.shape)} and {list(value.shape)}")
+        if query.shape[0] != key.shape[0]:
+            # Would otherwise broadcast silently when one of them has batch 1.
+            raise ValueError(
+                f"query and key must have the same batch size: got query {list(query.shape)}, key {list(key.shape)}"
+            )
 
     def forward(self, query, key, value, mask=None, bias=None, need_weights=False, cache: KVCache | None = None):
         self._check(query, key, value)
@@ -252,8 +324,7 @@ class MultiHeadAttention(nn.Module):
                     k = torch.cat([cache.k, k], dim=2)  # [batch, heads, L_past + L_new, d_k]
                     v = torch.cat([cache.v, v], dim=2)
                 cache.k, cache.v = k, v
-        if mask is not None and mask.dim() == 3:
-            mask = mask.unsqueeze(1)  # [batch, 1, L_q, L_k]: the same mask for every head
+        mask = _mask_for_heads(mask)  # [batch, 1, L_q, L_k]: the same mask for every head
         dropout_p = self.dropout if self.training else 0.0
         if need_weights:
             out, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p, bias=bias)

@@ -1,3 +1,541 @@
-"""Checkers for chapter 03 (being written)."""
+"""Checkers for chapter 03, multi-head attention: cutting d_model into heads and gluing
+them back, the whole multi-head computation with plain matrices, its parameter count,
+and the nn.Module that packages it.
 
-CHECKERS = []
+Each checker compares a learner's answer with the library (transformer_lib.attention) on
+deterministic cases, and knows the wrong answers learners often write ("heads split
+without a transpose", "no W^O"), so that a failure can say what went wrong.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from transformer_lib.attention import (
+    MultiHeadAttention,
+    merge_heads,
+    multi_head_attention_forward,
+    split_heads,
+)
+
+from .core import Case, Checker, Mistake
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(g: torch.Generator, *shape, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+
+def _padding(lengths, max_len) -> torch.Tensor:
+    """[batch, 1, max_len]: row b sees its first lengths[b] keys (True = may attend)."""
+    return (torch.arange(max_len)[None, :] < torch.tensor(lengths)[:, None])[:, None, :]
+
+
+def _random_mask(g: torch.Generator, *shape) -> torch.Tensor:
+    mask = torch.rand(*shape, generator=g) < 0.6
+    mask[..., 0] = True  # every query keeps at least one key
+    return mask
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 1: split_heads(x, n_heads) -> [batch, heads, seq, d_k]
+# ---------------------------------------------------------------------------------------
+
+
+def _split_cases() -> list[Case]:
+    g = _gen(301)
+    return [
+        Case("batch 2, seq 3, d_model 8, 2 heads", (_randn(g, 2, 3, 8), 2)),
+        Case("batch 1, seq 5, d_model 12, 3 heads", (_randn(g, 1, 5, 12), 3)),
+        Case("4 heads of size 1", (_randn(g, 2, 3, 4), 4)),
+        Case("float64, batch 3, seq 4, d_model 6, 3 heads", (_randn(g, 3, 4, 6, dtype=torch.float64), 3), hidden=True),
+        Case("a single head", (_randn(g, 2, 4, 6), 1), hidden=True),
+        Case("a single position", (_randn(g, 2, 1, 8), 4), hidden=True),
+        Case("d_model 64, 8 heads", (_randn(g, 2, 6, 64), 8), hidden=True),
+    ]
+
+
+def _split_no_transpose(x, n_heads):
+    b, s, d = x.shape
+    return x.reshape(b, n_heads, s, d // n_heads)
+
+
+def _split_last_two_swapped(x, n_heads):
+    b, s, d = x.shape
+    return x.reshape(b, s, n_heads, d // n_heads).transpose(-2, -1)
+
+
+def _split_interleaved(x, n_heads):
+    b, s, d = x.shape
+    return x.reshape(b, s, d // n_heads, n_heads).permute(0, 3, 1, 2)
+
+
+check_split_heads = Checker(
+    name="split_heads",
+    reference=split_heads,
+    make_cases=_split_cases,
+    mistakes=[
+        Mistake(
+            "reshaped straight to [batch, heads, seq, d_k] without a transpose: each 'head' then holds "
+            "pieces of several positions",
+            "First cut the features only, x.view(batch, seq, n_heads, d_k), then swap heads and positions "
+            "with .transpose(1, 2).",
+            _split_no_transpose,
+        ),
+        Mistake(
+            "transposed the last two dimensions (-2, -1) instead of heads and positions: the result is "
+            "[batch, seq, d_k, heads]",
+            "After x.view(batch, seq, n_heads, d_k), the heads are dim 2 and the positions dim 1: .transpose(1, 2).",
+            _split_last_two_swapped,
+        ),
+        Mistake(
+            "features cut in the wrong order, view(batch, seq, d_k, n_heads): head i then gets every "
+            "n_heads-th feature instead of a block",
+            "Put n_heads before d_k, x.view(batch, seq, n_heads, d_k): head i owns the contiguous features "
+            "i*d_k ... (i+1)*d_k - 1.",
+            _split_interleaved,
+        ),
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 2: merge_heads(x) -> [batch, seq, heads * d_k]
+# ---------------------------------------------------------------------------------------
+
+
+def _merge_cases() -> list[Case]:
+    g = _gen(302)
+    return [
+        Case("batch 2, 2 heads, seq 3, d_k 4", (_randn(g, 2, 2, 3, 4),)),
+        Case("batch 1, 3 heads, seq 5, d_k 2", (_randn(g, 1, 3, 5, 2),)),
+        Case("4 heads of size 1", (_randn(g, 2, 4, 3, 1),)),
+        Case("float64, batch 3, 3 heads, seq 4, d_k 2", (_randn(g, 3, 3, 4, 2, dtype=torch.float64),), hidden=True),
+        Case("a single head", (_randn(g, 2, 1, 4, 6),), hidden=True),
+        Case("8 heads of size 8", (_randn(g, 2, 8, 6, 8),), hidden=True),
+    ]
+
+
+def _merge_no_transpose(x):
+    b, h, s, d_k = x.shape
+    return x.reshape(b, s, h * d_k)
+
+
+def _merge_interleaved(x):
+    b, h, s, d_k = x.shape
+    return x.permute(0, 2, 3, 1).reshape(b, s, h * d_k)
+
+
+def _merge_mean(x):
+    return x.mean(dim=1)
+
+
+def _merge_sum(x):
+    return x.sum(dim=1)
+
+
+check_merge_heads = Checker(
+    name="merge_heads",
+    reference=merge_heads,
+    make_cases=_merge_cases,
+    mistakes=[
+        Mistake(
+            "reshaped to [batch, seq, d_model] without transposing back: positions and heads get mixed up",
+            "Bring the positions forward first, x.transpose(1, 2) -> [batch, seq, heads, d_k], then "
+            ".reshape(batch, seq, heads * d_k).",
+            _merge_no_transpose,
+        ),
+        Mistake(
+            "heads interleaved feature by feature (permute(0, 2, 3, 1)) instead of concatenated as blocks",
+            "Concatenate whole heads: x.transpose(1, 2).reshape(batch, seq, heads * d_k), so head i fills "
+            "features i*d_k ... (i+1)*d_k - 1.",
+            _merge_interleaved,
+        ),
+        Mistake(
+            "heads averaged (mean over dim 1) instead of concatenated",
+            "Keep every head: concatenate them along the features, x.transpose(1, 2).reshape(batch, seq, heads * d_k).",
+            _merge_mean,
+        ),
+        Mistake(
+            "heads summed (sum over dim 1) instead of concatenated",
+            "Keep every head: concatenate them along the features, x.transpose(1, 2).reshape(batch, seq, heads * d_k).",
+            _merge_sum,
+        ),
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 3: multi_head_attention_forward(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask)
+# ---------------------------------------------------------------------------------------
+
+
+def _weights(g, d_model, dtype=torch.float32):
+    """w_q, w_k, w_v, w_o, scaled like a trained layer's (entries ~ 1/sqrt(d_model))."""
+    return tuple(_randn(g, d_model, d_model, dtype=dtype, scale=d_model**-0.5) for _ in range(4))
+
+
+def _mha_cases() -> list[Case]:
+    g = _gen(303)
+    x = _randn(g, 2, 4, 8)
+    # 3-D masks only where batch == heads or batch == 1, so that a mask that was not
+    # broadcast over the heads still runs (and gives wrong numbers) instead of raising.
+    cases = [
+        Case("self-attention, batch 2, seq 4, d_model 8, 2 heads", (x, x, x, *_weights(g, 8), 2)),
+        Case("causal mask [5, 5], d_model 12, 3 heads", (*(3 * (_randn(g, 1, 5, 12, scale=2.0),)), *_weights(g, 12), 3),
+             {"mask": torch.ones(5, 5, dtype=torch.bool).tril()}),
+        Case("cross-attention, 3 queries, 6 keys, padding mask [2, 1, 6], 2 heads",
+             (_randn(g, 2, 3, 8), _randn(g, 2, 6, 8), _randn(g, 2, 6, 8), *_weights(g, 8), 2),
+             {"mask": _padding([6, 3], 6)}),
+    ]
+    y = _randn(g, 3, 4, 6, dtype=torch.float64)
+    cases += [
+        Case("float64, batch 3, 3 heads, random mask [3, 4, 4]", (y, y, y, *_weights(g, 6, torch.float64), 3),
+             {"mask": _random_mask(g, 3, 4, 4)}, hidden=True),
+        Case("a single head", (_randn(g, 2, 3, 6), _randn(g, 2, 5, 6), _randn(g, 2, 5, 6), *_weights(g, 6), 1),
+             hidden=True),
+        Case("4 heads of size 1, large values", (*(3 * (_randn(g, 2, 3, 4, scale=4.0),)), *_weights(g, 4), 4), hidden=True),
+        Case("d_model 32, 4 heads, padding mask [4, 1, 7]",
+             (_randn(g, 4, 7, 32), _randn(g, 4, 7, 32), _randn(g, 4, 7, 32), *_weights(g, 32), 4),
+             {"mask": _padding([7, 5, 2, 1], 7)}, hidden=True),
+    ]
+    return cases
+
+
+def _mha_variant(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask=None, *, use_w_o=True, scale_dim="d_k",
+                 transpose=True, heads_mask=True):
+    """Multi-head attention written out, with switches that turn it into a known mistake."""
+    b, l_q, d = query.shape
+    d_k = d // n_heads
+
+    def split(t):
+        if transpose:
+            return t.reshape(b, t.shape[1], n_heads, d_k).transpose(1, 2)
+        return t.reshape(b, n_heads, t.shape[1], d_k)
+
+    q, k, v = split(query @ w_q), split(key @ w_k), split(value @ w_v)  # [b, h, L, d_k]
+    scale = math.sqrt(d_k if scale_dim == "d_k" else d)
+    scores = q @ k.transpose(-2, -1) / scale  # [b, h, L_q, L_k]
+    if mask is not None:
+        if heads_mask and mask.dim() == 3:
+            mask = mask.unsqueeze(1)
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)
+    out = weights @ v  # [b, h, L_q, d_k]
+    out = out.transpose(1, 2).reshape(b, l_q, d) if transpose else out.reshape(b, l_q, d)
+    return (out @ w_o if use_w_o else out), weights
+
+
+def _mha_no_w_o(*args, **kwargs):
+    return _mha_variant(*args, **kwargs, use_w_o=False)
+
+
+def _mha_sqrt_d_model(*args, **kwargs):
+    return _mha_variant(*args, **kwargs, scale_dim="d_model")
+
+
+def _mha_no_transpose(*args, **kwargs):
+    return _mha_variant(*args, **kwargs, transpose=False)
+
+
+def _mha_mask_not_per_head(*args, **kwargs):
+    return _mha_variant(*args, **kwargs, heads_mask=False)
+
+
+def _mha_one_full_head(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask=None):
+    return _mha_variant(query, key, value, w_q, w_k, w_v, w_o, 1, mask)
+
+
+check_multi_head_attention_forward = Checker(
+    name="multi_head_attention_forward",
+    reference=multi_head_attention_forward,
+    make_cases=_mha_cases,
+    mistakes=[
+        Mistake(
+            "no output projection: the heads are concatenated but W^O is never applied",
+            "Finish with the mixing matrix: return merge_heads(out) @ w_o, weights.",
+            _mha_no_w_o,
+        ),
+        Mistake(
+            "scores scaled by sqrt(d_model) instead of sqrt(d_k)",
+            "Each head compares vectors of size d_k = d_model // n_heads: divide the scores by math.sqrt(d_k).",
+            _mha_sqrt_d_model,
+        ),
+        Mistake(
+            "heads split (and merged) without a transpose: viewing straight to [batch, heads, seq, d_k] "
+            "mixes positions into the heads",
+            "Split with .view(batch, seq, n_heads, d_k).transpose(1, 2) and merge with "
+            ".transpose(1, 2).reshape(batch, seq, d_model), as in split_heads and merge_heads.",
+            _mha_no_transpose,
+        ),
+        Mistake(
+            "mask not broadcast over the heads: a [batch, L_q, L_k] mask lines its batch dimension up with "
+            "the heads of the [batch, heads, L_q, L_k] scores",
+            "Give the mask a heads dimension: if mask.dim() == 3, use mask.unsqueeze(1) -> [batch, 1, L_q, L_k].",
+            _mha_mask_not_per_head,
+        ),
+        Mistake(
+            "n_heads ignored: one full-width head instead of n_heads heads of size d_k",
+            "Cut the projected queries, keys and values into n_heads heads with split_heads before the scores.",
+            _mha_one_full_head,
+        ),
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 4: count_mha_parameters(d_model, n_heads, bias=True) -> int
+# ---------------------------------------------------------------------------------------
+
+
+def count_mha_parameters(d_model: int, n_heads: int, bias: bool = True) -> int:
+    """The reference: the parameters of the library's MultiHeadAttention, built on the
+    meta device (shapes only, no memory), so the count cannot drift from the module."""
+    with torch.device("meta"):
+        module = MultiHeadAttention(d_model, n_heads, bias=bias)
+    return sum(p.numel() for p in module.parameters())
+
+
+def _count_cases() -> list[Case]:
+    return [
+        Case("the paper's size: d_model 512, 8 heads", (512, 8)),
+        Case("d_model 512, 8 heads, no biases", (512, 8), {"bias": False}),
+        Case("d_model 64, 4 heads", (64, 4), {"bias": True}),
+        Case("BERT-base: d_model 768, 12 heads", (768, 12), hidden=True),
+        Case("d_model 6, 3 heads, no biases", (6, 3), {"bias": False}, hidden=True),
+        Case("d_model 1, 1 head", (1, 1), hidden=True),
+        Case("d_model 1024, 16 heads", (1024, 16), {"bias": True}, hidden=True),
+    ]
+
+
+def _count_no_w_o(d_model, n_heads, bias=True):
+    return 3 * d_model * d_model + (3 * d_model if bias else 0)
+
+
+def _count_full_width_heads(d_model, n_heads, bias=True):
+    per_head = 3 * (d_model * d_model + (d_model if bias else 0))
+    return n_heads * per_head + d_model * d_model + (d_model if bias else 0)
+
+
+def _count_d_k_by_d_k(d_model, n_heads, bias=True):
+    d_k = d_model // n_heads
+    return n_heads * 3 * (d_k * d_k + (d_k if bias else 0)) + d_model * d_model + (d_model if bias else 0)
+
+
+def _count_no_bias_ever(d_model, n_heads, bias=True):
+    return 4 * d_model * d_model
+
+
+def _count_bias_always(d_model, n_heads, bias=True):
+    return 4 * d_model * d_model + 4 * d_model
+
+
+check_count_mha_parameters = Checker(
+    name="count_mha_parameters",
+    reference=count_mha_parameters,
+    make_cases=_count_cases,
+    mistakes=[
+        Mistake(
+            "W^O forgotten: only the three input projections counted",
+            "Add the output projection W^O: another d_model x d_model matrix (and d_model biases).",
+            _count_no_w_o,
+        ),
+        Mistake(
+            "every head counted with full d_model x d_model projections (n_heads times too many)",
+            "Each head projects to d_k = d_model / n_heads columns, so all heads together have d_model columns: "
+            "3 * d_model * d_model for W^Q, W^K, W^V.",
+            _count_full_width_heads,
+        ),
+        Mistake(
+            "each head's projection counted as d_k x d_k instead of d_model x d_k",
+            "A head reads the whole d_model-dimensional input: its W^Q_i is d_model x d_k.",
+            _count_d_k_by_d_k,
+        ),
+        Mistake(
+            "the biases never counted",
+            "With bias=True each of the four layers also has d_model biases: add 4 * d_model.",
+            _count_no_bias_ever,
+        ),
+        Mistake(
+            "the biases counted even when bias=False",
+            "Add the 4 * d_model biases only when bias is True.",
+            _count_bias_always,
+        ),
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 5: class MultiHeadAttentionLayer(nn.Module)
+# ---------------------------------------------------------------------------------------
+
+
+def _layer_state(d_model: int, seed: int, dtype) -> dict:
+    """Weights for w_q, w_k, w_v, w_o (nn.Linear layout: weight [out, in], bias [out])."""
+    g = _gen(seed)
+    state = {}
+    for name in ("w_q", "w_k", "w_v", "w_o"):
+        state[f"{name}.weight"] = _randn(g, d_model, d_model, dtype=dtype, scale=d_model**-0.5)
+        state[f"{name}.bias"] = _randn(g, d_model, dtype=dtype, scale=0.1)
+    return state
+
+
+def _invoke_layer(cls, case: Case):
+    """Build the class the same way for the learner, the reference and the mistakes: the
+    same weights are loaded into it, then it runs in eval mode on the case's inputs."""
+    d_model, n_heads, query, key, value = case.args
+    kwargs = dict(case.kwargs)
+    if kwargs.pop("expect_error", False):
+        try:
+            cls(d_model, n_heads)
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # the type is the answer: ValueError is expected
+            return type(exc).__name__
+        return "no error raised"
+    layer = cls(d_model, n_heads)
+    if not isinstance(layer, nn.Module):
+        raise TypeError(f"{type(layer).__name__} must be an nn.Module subclass")
+    layer = layer.to(query.dtype)
+    try:
+        layer.load_state_dict(_layer_state(d_model, kwargs.pop("weight_seed"), query.dtype))
+    except RuntimeError as exc:
+        raise RuntimeError(
+            "the checker could not load its weights into your layer: it needs four "
+            f"nn.Linear(d_model, d_model) layers with biases named w_q, w_k, w_v, w_o ({exc})"
+        ) from None
+    layer.eval()
+    return layer(query, key, value, **kwargs)
+
+
+def _layer_cases() -> list[Case]:
+    g = _gen(305)
+    x = _randn(g, 2, 4, 8)
+    dummy = torch.zeros(1, 1, 1)
+    y = _randn(g, 3, 5, 6, dtype=torch.float64)
+    return [
+        Case("self-attention, batch 2, seq 4, d_model 8, 2 heads", (8, 2, x, x, x), {"weight_seed": 1}),
+        Case("cross-attention, padding mask [2, 1, 6], 2 heads",
+             (8, 2, _randn(g, 2, 3, 8), _randn(g, 2, 6, 8), _randn(g, 2, 6, 8)),
+             {"weight_seed": 2, "mask": _padding([6, 4], 6)}),
+        Case("d_model 10 is not divisible by 3 heads: must raise ValueError", (10, 3, dummy, dummy, dummy),
+             {"expect_error": True}),
+        Case("causal mask [5, 5], batch 1, d_model 12, 4 heads", (12, 4, *(3 * (_randn(g, 1, 5, 12),))),
+             {"weight_seed": 3, "mask": torch.ones(5, 5, dtype=torch.bool).tril()}, hidden=True),
+        Case("float64, batch 3, 3 heads, random mask [3, 5, 5]", (6, 3, y, y, y),
+             {"weight_seed": 4, "mask": _random_mask(g, 3, 5, 5)}, hidden=True),
+        Case("a single head", (6, 1, _randn(g, 2, 3, 6), _randn(g, 2, 4, 6), _randn(g, 2, 4, 6)),
+             {"weight_seed": 5}, hidden=True),
+        Case("d_model 7 is not divisible by 2 heads", (7, 2, dummy, dummy, dummy), {"expect_error": True}, hidden=True),
+    ]
+
+
+class _SketchLayer(nn.Module):
+    """Multi-head attention written out, with class-level switches for the known mistakes."""
+
+    check = "value"  # "value": raise ValueError; "assert": assert; "none": no check
+    use_w_o, scale_dim, transpose, heads_mask = True, "d_k", True, True
+
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        if self.check == "value" and d_model % n_heads != 0:
+            raise ValueError("d_model must be divisible by n_heads")
+        if self.check == "assert":
+            assert d_model % n_heads == 0
+        self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
+        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def _split(self, t):
+        b, s, _ = t.shape
+        if self.transpose:
+            return t.reshape(b, s, self.n_heads, self.d_k).transpose(1, 2)
+        return t.reshape(b, self.n_heads, s, self.d_k)
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self._split(self.w_q(query)), self._split(self.w_k(key)), self._split(self.w_v(value))
+        if mask is not None and mask.dim() == 3 and self.heads_mask:
+            mask = mask.unsqueeze(1)
+        scale = 1 / math.sqrt(self.d_k if self.scale_dim == "d_k" else self.d_model)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [b, h, L_q, d_k]
+        b, _, l_q, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, l_q, self.d_model) if self.transpose else out.reshape(b, l_q, self.d_model)
+        return self.w_o(out) if self.use_w_o else out
+
+
+class _LayerNoWO(_SketchLayer):
+    use_w_o = False
+
+
+class _LayerSqrtDModel(_SketchLayer):
+    scale_dim = "d_model"
+
+
+class _LayerNoTranspose(_SketchLayer):
+    transpose = False
+
+
+class _LayerMaskNotPerHead(_SketchLayer):
+    heads_mask = False
+
+
+class _LayerAssert(_SketchLayer):
+    check = "assert"
+
+
+class _LayerNoCheck(_SketchLayer):
+    check = "none"
+
+
+check_multi_head_attention_layer = Checker(
+    name="multi_head_attention_layer",
+    reference=MultiHeadAttention,
+    make_cases=_layer_cases,
+    invoke=_invoke_layer,
+    mistakes=[
+        Mistake(
+            "no output projection: self.w_o is created but never applied in forward",
+            "End forward with self.w_o(...) on the merged heads.",
+            _LayerNoWO,
+        ),
+        Mistake(
+            "scores scaled by sqrt(d_model) instead of sqrt(d_k)",
+            "Each head compares vectors of size d_k = d_model // n_heads: scale by 1 / math.sqrt(self.d_k).",
+            _LayerSqrtDModel,
+        ),
+        Mistake(
+            "heads split and merged without a transpose",
+            "Split with .view(batch, seq, n_heads, d_k).transpose(1, 2); merge with .transpose(1, 2).reshape(...).",
+            _LayerNoTranspose,
+        ),
+        Mistake(
+            "mask not broadcast over the heads",
+            "A [batch, L_q, L_k] (or [batch, 1, L_k]) mask needs a heads dimension: mask.unsqueeze(1).",
+            _LayerMaskNotPerHead,
+        ),
+        Mistake(
+            "divisibility checked with assert (AssertionError) instead of raising ValueError",
+            "Raise a ValueError whose message says d_model must be divisible by n_heads: asserts vanish "
+            "under python -O, and the error type tells the caller it passed a bad argument.",
+            _LayerAssert,
+        ),
+        Mistake(
+            "no check that d_model is divisible by n_heads (d_model // n_heads silently drops features)",
+            "In __init__, raise ValueError when d_model % n_heads != 0.",
+            _LayerNoCheck,
+        ),
+    ],
+)
+
+
+CHECKERS = [
+    check_split_heads,
+    check_merge_heads,
+    check_multi_head_attention_forward,
+    check_count_mha_parameters,
+    check_multi_head_attention_layer,
+]
