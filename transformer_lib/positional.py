@@ -7,6 +7,8 @@ offset between two positions (relative positions, in the spirit of Shaw et al., 
 T5's bucketed bias, Raffel et al., 2020).
 """
 
+import operator
+
 import torch
 import torch.nn as nn
 
@@ -14,8 +16,13 @@ DEFAULT_BASE = 10000.0  # the paper's base: wavelengths from 2*pi up to 10000 * 
 
 
 def _check_size(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    # operator.index accepts ints and integer-like values (numpy ints), and rejects 8.0.
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
@@ -68,8 +75,10 @@ def offset_rotation(k: int, d_model: int, base: float = DEFAULT_BASE,
     because sin(a + b) = sin a cos b + cos a sin b and cos(a + b) = cos a cos b - sin a sin b.
     It does not depend on pos: that is the whole point. M_{-k} = M_k^T = M_k^{-1}.
     """
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"the offset k must be an int, got {type(k).__name__}")
+    try:
+        k = operator.index(k)
+    except TypeError:
+        raise TypeError(f"the offset k must be an int, got {type(k).__name__}") from None
     angle = k * sinusoidal_frequencies(d_model, base)  # [d/2]
     cos, sin = torch.cos(angle), torch.sin(angle)
     m = torch.zeros(d_model, d_model, dtype=torch.float64)
