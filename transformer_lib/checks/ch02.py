@@ -18,23 +18,7 @@ from transformer_lib.attention import (
     softmax,
 )
 
-from .core import Case, Checker, Mistake
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _randn(g: torch.Generator, *shape, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
-    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
-
-
-def _random_mask(g: torch.Generator, *shape) -> torch.Tensor:
-    """A boolean mask in which every query can still see at least one key (rows with
-    nothing visible are a topic of chapter 06, not of this one)."""
-    mask = torch.rand(*shape, generator=g) < 0.6  # [..., L_q, L_k]
-    mask[..., 0] = True
-    return mask
+from .core import Case, Checker, Mistake, randn, random_mask, seeded
 
 
 # The document's toy example (three tokens, four features; source 003 §2).
@@ -50,15 +34,15 @@ TOY_W_V = torch.tensor([[0.0, 2.0, 0.0], [0.0, 3.0, 0.0], [1.0, 0.0, 3.0], [1.0,
 
 
 def _projection_cases() -> list[Case]:
-    g = _gen(201)
+    g = seeded(201)
     cases = [Case("document toy example", (TOY_X, TOY_W_Q, TOY_W_K, TOY_W_V))]
-    cases.append(Case("one sentence, d_v != d_k", (_randn(g, 5, 8), _randn(g, 8, 4), _randn(g, 8, 4), _randn(g, 8, 6))))
-    cases.append(Case("batch of 2", (_randn(g, 2, 5, 8), _randn(g, 8, 3), _randn(g, 8, 3), _randn(g, 8, 5))))
+    cases.append(Case("one sentence, d_v != d_k", (randn(g, 5, 8), randn(g, 8, 4), randn(g, 8, 4), randn(g, 8, 6))))
+    cases.append(Case("batch of 2", (randn(g, 2, 5, 8), randn(g, 8, 3), randn(g, 8, 3), randn(g, 8, 5))))
     cases.append(Case("float64, two batch dims", (
-        _randn(g, 2, 3, 4, 6, dtype=torch.float64), _randn(g, 6, 2, dtype=torch.float64),
-        _randn(g, 6, 2, dtype=torch.float64), _randn(g, 6, 3, dtype=torch.float64)), hidden=True))
-    cases.append(Case("a single token", (_randn(g, 1, 6), _randn(g, 6, 4), _randn(g, 6, 4), _randn(g, 6, 4)), hidden=True))
-    cases.append(Case("d_k = 1", (_randn(g, 4, 5), _randn(g, 5, 1), _randn(g, 5, 1), _randn(g, 5, 2)), hidden=True))
+        randn(g, 2, 3, 4, 6, dtype=torch.float64), randn(g, 6, 2, dtype=torch.float64),
+        randn(g, 6, 2, dtype=torch.float64), randn(g, 6, 3, dtype=torch.float64)), hidden=True))
+    cases.append(Case("a single token", (randn(g, 1, 6), randn(g, 6, 4), randn(g, 6, 4), randn(g, 6, 4)), hidden=True))
+    cases.append(Case("d_k = 1", (randn(g, 4, 5), randn(g, 5, 1), randn(g, 5, 1), randn(g, 5, 2)), hidden=True))
     return cases
 
 
@@ -104,18 +88,18 @@ check_project_qkv = Checker(
 
 
 def _score_cases() -> list[Case]:
-    g = _gen(202)
+    g = seeded(202)
     # The document's example: d_k = 64, q.k1 = 112, q.k2 = 96 (source 000 §5).
     doc_q = torch.full((1, 64), 2.0)
     doc_k = torch.stack([torch.full((64,), 112 / 128), torch.full((64,), 96 / 128)])
     return [
         Case("document example, d_k = 64", (doc_q, doc_k)),
-        Case("3 queries, 5 keys, d_k = 4", (_randn(g, 3, 4), _randn(g, 5, 4))),
-        Case("batch of 2", (_randn(g, 2, 3, 8), _randn(g, 2, 6, 8))),
-        Case("float64, two batch dims", (_randn(g, 2, 2, 3, 16, dtype=torch.float64),
-                                         _randn(g, 2, 2, 4, 16, dtype=torch.float64)), hidden=True),
-        Case("keys shared across the batch", (_randn(g, 3, 2, 5), _randn(g, 4, 5)), hidden=True),
-        Case("a single query, large values", (_randn(g, 1, 32, scale=10.0), _randn(g, 7, 32, scale=10.0)), hidden=True),
+        Case("3 queries, 5 keys, d_k = 4", (randn(g, 3, 4), randn(g, 5, 4))),
+        Case("batch of 2", (randn(g, 2, 3, 8), randn(g, 2, 6, 8))),
+        Case("float64, two batch dims", (randn(g, 2, 2, 3, 16, dtype=torch.float64),
+                                         randn(g, 2, 2, 4, 16, dtype=torch.float64)), hidden=True),
+        Case("keys shared across the batch", (randn(g, 3, 2, 5), randn(g, 4, 5)), hidden=True),
+        Case("a single query, large values", (randn(g, 1, 32, scale=10.0), randn(g, 7, 32, scale=10.0)), hidden=True),
     ]
 
 
@@ -179,16 +163,16 @@ check_attention_scores = Checker(
 
 
 def _softmax_cases() -> list[Case]:
-    g = _gen(203)
+    g = seeded(203)
     return [
         Case("document example [3.2, 5.1, -1.7]", (torch.tensor([3.2, 5.1, -1.7]),)),
-        Case("4 rows of 6 scores", (_randn(g, 4, 6, scale=3.0),)),
+        Case("4 rows of 6 scores", (randn(g, 4, 6, scale=3.0),)),
         Case("large scores next to small ones", (torch.tensor([[1000.0, 1001.0, 1002.0], [0.0, 1.0, 2.0]]),)),
-        Case("batch of 2", (_randn(g, 2, 3, 5, scale=2.0),)),
-        Case("float64", (_randn(g, 3, 7, dtype=torch.float64, scale=4.0),), hidden=True),
+        Case("batch of 2", (randn(g, 2, 3, 5, scale=2.0),)),
+        Case("float64", (randn(g, 3, 7, dtype=torch.float64, scale=4.0),), hidden=True),
         Case("very negative scores", (torch.tensor([[-1000.0, -1001.0, -1003.0], [-1.0, 0.0, 1.0]]),), hidden=True),
         Case("a single score", (torch.tensor([[0.5]]),), hidden=True),
-        Case("two batch dims, float64", (_randn(g, 2, 2, 3, 4, dtype=torch.float64, scale=30.0),), hidden=True),
+        Case("two batch dims, float64", (randn(g, 2, 2, 3, 4, dtype=torch.float64, scale=30.0),), hidden=True),
     ]
 
 
@@ -266,19 +250,19 @@ check_softmax = Checker(
 
 
 def _attention_cases() -> list[Case]:
-    g = _gen(204)
+    g = seeded(204)
     pad = torch.tensor([[True, True, True, True, True], [True, True, True, False, False]])[:, None, :]  # [2, 1, 5]
     return [
-        Case("no mask, 3 queries, 5 keys", (_randn(g, 3, 4), _randn(g, 5, 4), _randn(g, 5, 6))),
-        Case("causal mask", (_randn(g, 4, 8), _randn(g, 4, 8), _randn(g, 4, 3)),
+        Case("no mask, 3 queries, 5 keys", (randn(g, 3, 4), randn(g, 5, 4), randn(g, 5, 6))),
+        Case("causal mask", (randn(g, 4, 8), randn(g, 4, 8), randn(g, 4, 3)),
              {"mask": torch.ones(4, 4, dtype=torch.bool).tril()}),
-        Case("batch of 2, padding mask [2, 1, 5]", (_randn(g, 2, 3, 4), _randn(g, 2, 5, 4), _randn(g, 2, 5, 2)),
+        Case("batch of 2, padding mask [2, 1, 5]", (randn(g, 2, 3, 4), randn(g, 2, 5, 4), randn(g, 2, 5, 2)),
              {"mask": pad}),
-        Case("float64, random mask", (_randn(g, 5, 6, dtype=torch.float64), _randn(g, 7, 6, dtype=torch.float64),
-                                      _randn(g, 7, 3, dtype=torch.float64)), {"mask": _random_mask(g, 5, 7)}, hidden=True),
-        Case("two batch dims, no mask", (_randn(g, 2, 2, 3, 8), _randn(g, 2, 2, 4, 8), _randn(g, 2, 2, 4, 8)), hidden=True),
-        Case("mask broadcast over queries [1, 5]", (_randn(g, 2, 4, 16, scale=3.0), _randn(g, 2, 5, 16, scale=3.0),
-                                                    _randn(g, 2, 5, 4)),
+        Case("float64, random mask", (randn(g, 5, 6, dtype=torch.float64), randn(g, 7, 6, dtype=torch.float64),
+                                      randn(g, 7, 3, dtype=torch.float64)), {"mask": random_mask(g, 5, 7)}, hidden=True),
+        Case("two batch dims, no mask", (randn(g, 2, 2, 3, 8), randn(g, 2, 2, 4, 8), randn(g, 2, 2, 4, 8)), hidden=True),
+        Case("mask broadcast over queries [1, 5]", (randn(g, 2, 4, 16, scale=3.0), randn(g, 2, 5, 16, scale=3.0),
+                                                    randn(g, 2, 5, 4)),
              {"mask": torch.tensor([[True, False, True, True, False]])}, hidden=True),
     ]
 
@@ -382,16 +366,16 @@ check_scaled_attention = Checker(
 
 
 def _self_attention_cases() -> list[Case]:
-    g = _gen(205)
+    g = seeded(205)
     return [
         Case("document toy example", (TOY_X, TOY_W_Q, TOY_W_K, TOY_W_V)),
-        Case("one sentence of 5 tokens", (_randn(g, 5, 8), _randn(g, 8, 4), _randn(g, 8, 4), _randn(g, 8, 6))),
-        Case("batch of 2", (_randn(g, 2, 4, 6), _randn(g, 6, 3), _randn(g, 6, 3), _randn(g, 6, 5))),
+        Case("one sentence of 5 tokens", (randn(g, 5, 8), randn(g, 8, 4), randn(g, 8, 4), randn(g, 8, 6))),
+        Case("batch of 2", (randn(g, 2, 4, 6), randn(g, 6, 3), randn(g, 6, 3), randn(g, 6, 5))),
         Case("float64, two batch dims", (
-            _randn(g, 2, 2, 3, 10, dtype=torch.float64), _randn(g, 10, 4, dtype=torch.float64),
-            _randn(g, 10, 4, dtype=torch.float64), _randn(g, 10, 2, dtype=torch.float64)), hidden=True),
-        Case("a single token", (_randn(g, 1, 6), _randn(g, 6, 2), _randn(g, 6, 2), _randn(g, 6, 3)), hidden=True),
-        Case("larger embeddings", (_randn(g, 7, 16, scale=2.0), _randn(g, 16, 8), _randn(g, 16, 8), _randn(g, 16, 8)),
+            randn(g, 2, 2, 3, 10, dtype=torch.float64), randn(g, 10, 4, dtype=torch.float64),
+            randn(g, 10, 4, dtype=torch.float64), randn(g, 10, 2, dtype=torch.float64)), hidden=True),
+        Case("a single token", (randn(g, 1, 6), randn(g, 6, 2), randn(g, 6, 2), randn(g, 6, 3)), hidden=True),
+        Case("larger embeddings", (randn(g, 7, 16, scale=2.0), randn(g, 16, 8), randn(g, 16, 8), randn(g, 16, 8)),
              hidden=True),
     ]
 

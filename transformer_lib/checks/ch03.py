@@ -20,26 +20,12 @@ from transformer_lib.attention import (
     split_heads,
 )
 
-from .core import Case, Checker, Mistake
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _randn(g: torch.Generator, *shape, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
-    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+from .core import Case, Checker, Mistake, randn, random_mask, seeded
 
 
 def _padding(lengths, max_len) -> torch.Tensor:
     """[batch, 1, max_len]: row b sees its first lengths[b] keys (True = may attend)."""
     return (torch.arange(max_len)[None, :] < torch.tensor(lengths)[:, None])[:, None, :]
-
-
-def _random_mask(g: torch.Generator, *shape) -> torch.Tensor:
-    mask = torch.rand(*shape, generator=g) < 0.6
-    mask[..., 0] = True  # every query keeps at least one key
-    return mask
 
 
 # ---------------------------------------------------------------------------------------
@@ -48,15 +34,15 @@ def _random_mask(g: torch.Generator, *shape) -> torch.Tensor:
 
 
 def _split_cases() -> list[Case]:
-    g = _gen(301)
+    g = seeded(301)
     return [
-        Case("batch 2, seq 3, d_model 8, 2 heads", (_randn(g, 2, 3, 8), 2)),
-        Case("batch 1, seq 5, d_model 12, 3 heads", (_randn(g, 1, 5, 12), 3)),
-        Case("4 heads of size 1", (_randn(g, 2, 3, 4), 4)),
-        Case("float64, batch 3, seq 4, d_model 6, 3 heads", (_randn(g, 3, 4, 6, dtype=torch.float64), 3), hidden=True),
-        Case("a single head", (_randn(g, 2, 4, 6), 1), hidden=True),
-        Case("a single position", (_randn(g, 2, 1, 8), 4), hidden=True),
-        Case("d_model 64, 8 heads", (_randn(g, 2, 6, 64), 8), hidden=True),
+        Case("batch 2, seq 3, d_model 8, 2 heads", (randn(g, 2, 3, 8), 2)),
+        Case("batch 1, seq 5, d_model 12, 3 heads", (randn(g, 1, 5, 12), 3)),
+        Case("4 heads of size 1", (randn(g, 2, 3, 4), 4)),
+        Case("float64, batch 3, seq 4, d_model 6, 3 heads", (randn(g, 3, 4, 6, dtype=torch.float64), 3), hidden=True),
+        Case("a single head", (randn(g, 2, 4, 6), 1), hidden=True),
+        Case("a single position", (randn(g, 2, 1, 8), 4), hidden=True),
+        Case("d_model 64, 8 heads", (randn(g, 2, 6, 64), 8), hidden=True),
     ]
 
 
@@ -110,14 +96,14 @@ check_split_heads = Checker(
 
 
 def _merge_cases() -> list[Case]:
-    g = _gen(302)
+    g = seeded(302)
     return [
-        Case("batch 2, 2 heads, seq 3, d_k 4", (_randn(g, 2, 2, 3, 4),)),
-        Case("batch 1, 3 heads, seq 5, d_k 2", (_randn(g, 1, 3, 5, 2),)),
-        Case("4 heads of size 1", (_randn(g, 2, 4, 3, 1),)),
-        Case("float64, batch 3, 3 heads, seq 4, d_k 2", (_randn(g, 3, 3, 4, 2, dtype=torch.float64),), hidden=True),
-        Case("a single head", (_randn(g, 2, 1, 4, 6),), hidden=True),
-        Case("8 heads of size 8", (_randn(g, 2, 8, 6, 8),), hidden=True),
+        Case("batch 2, 2 heads, seq 3, d_k 4", (randn(g, 2, 2, 3, 4),)),
+        Case("batch 1, 3 heads, seq 5, d_k 2", (randn(g, 1, 3, 5, 2),)),
+        Case("4 heads of size 1", (randn(g, 2, 4, 3, 1),)),
+        Case("float64, batch 3, 3 heads, seq 4, d_k 2", (randn(g, 3, 3, 4, 2, dtype=torch.float64),), hidden=True),
+        Case("a single head", (randn(g, 2, 1, 4, 6),), hidden=True),
+        Case("8 heads of size 8", (randn(g, 2, 8, 6, 8),), hidden=True),
     ]
 
 
@@ -177,31 +163,31 @@ check_merge_heads = Checker(
 
 def _weights(g, d_model, dtype=torch.float32):
     """w_q, w_k, w_v, w_o, scaled like a trained layer's (entries ~ 1/sqrt(d_model))."""
-    return tuple(_randn(g, d_model, d_model, dtype=dtype, scale=d_model**-0.5) for _ in range(4))
+    return tuple(randn(g, d_model, d_model, dtype=dtype, scale=d_model**-0.5) for _ in range(4))
 
 
 def _mha_cases() -> list[Case]:
-    g = _gen(303)
-    x = _randn(g, 2, 4, 8)
+    g = seeded(303)
+    x = randn(g, 2, 4, 8)
     # 3-D masks only where batch == heads or batch == 1, so that a mask that was not
     # broadcast over the heads still runs (and gives wrong numbers) instead of raising.
     cases = [
         Case("self-attention, batch 2, seq 4, d_model 8, 2 heads", (x, x, x, *_weights(g, 8), 2)),
-        Case("causal mask [5, 5], d_model 12, 3 heads", (*(3 * (_randn(g, 1, 5, 12, scale=2.0),)), *_weights(g, 12), 3),
+        Case("causal mask [5, 5], d_model 12, 3 heads", (*(3 * (randn(g, 1, 5, 12, scale=2.0),)), *_weights(g, 12), 3),
              {"mask": torch.ones(5, 5, dtype=torch.bool).tril()}),
         Case("cross-attention, 3 queries, 6 keys, padding mask [2, 1, 6], 2 heads",
-             (_randn(g, 2, 3, 8), _randn(g, 2, 6, 8), _randn(g, 2, 6, 8), *_weights(g, 8), 2),
+             (randn(g, 2, 3, 8), randn(g, 2, 6, 8), randn(g, 2, 6, 8), *_weights(g, 8), 2),
              {"mask": _padding([6, 3], 6)}),
     ]
-    y = _randn(g, 3, 4, 6, dtype=torch.float64)
+    y = randn(g, 3, 4, 6, dtype=torch.float64)
     cases += [
         Case("float64, batch 3, 3 heads, random mask [3, 4, 4]", (y, y, y, *_weights(g, 6, torch.float64), 3),
-             {"mask": _random_mask(g, 3, 4, 4)}, hidden=True),
-        Case("a single head", (_randn(g, 2, 3, 6), _randn(g, 2, 5, 6), _randn(g, 2, 5, 6), *_weights(g, 6), 1),
+             {"mask": random_mask(g, 3, 4, 4)}, hidden=True),
+        Case("a single head", (randn(g, 2, 3, 6), randn(g, 2, 5, 6), randn(g, 2, 5, 6), *_weights(g, 6), 1),
              hidden=True),
-        Case("4 heads of size 1, large values", (*(3 * (_randn(g, 2, 3, 4, scale=4.0),)), *_weights(g, 4), 4), hidden=True),
+        Case("4 heads of size 1, large values", (*(3 * (randn(g, 2, 3, 4, scale=4.0),)), *_weights(g, 4), 4), hidden=True),
         Case("d_model 32, 4 heads, padding mask [4, 1, 7]",
-             (_randn(g, 4, 7, 32), _randn(g, 4, 7, 32), _randn(g, 4, 7, 32), *_weights(g, 32), 4),
+             (randn(g, 4, 7, 32), randn(g, 4, 7, 32), randn(g, 4, 7, 32), *_weights(g, 32), 4),
              {"mask": _padding([7, 5, 2, 1], 7)}, hidden=True),
     ]
     return cases
@@ -377,11 +363,11 @@ check_count_mha_parameters = Checker(
 
 def _layer_state(d_model: int, seed: int, dtype) -> dict:
     """Weights for w_q, w_k, w_v, w_o (nn.Linear layout: weight [out, in], bias [out])."""
-    g = _gen(seed)
+    g = seeded(seed)
     state = {}
     for name in ("w_q", "w_k", "w_v", "w_o"):
-        state[f"{name}.weight"] = _randn(g, d_model, d_model, dtype=dtype, scale=d_model**-0.5)
-        state[f"{name}.bias"] = _randn(g, d_model, dtype=dtype, scale=0.1)
+        state[f"{name}.weight"] = randn(g, d_model, d_model, dtype=dtype, scale=d_model**-0.5)
+        state[f"{name}.bias"] = randn(g, d_model, dtype=dtype, scale=0.1)
     return state
 
 
@@ -414,22 +400,22 @@ def _invoke_layer(cls, case: Case):
 
 
 def _layer_cases() -> list[Case]:
-    g = _gen(305)
-    x = _randn(g, 2, 4, 8)
+    g = seeded(305)
+    x = randn(g, 2, 4, 8)
     dummy = torch.zeros(1, 1, 1)
-    y = _randn(g, 3, 5, 6, dtype=torch.float64)
+    y = randn(g, 3, 5, 6, dtype=torch.float64)
     return [
         Case("self-attention, batch 2, seq 4, d_model 8, 2 heads", (8, 2, x, x, x), {"weight_seed": 1}),
         Case("cross-attention, padding mask [2, 1, 6], 2 heads",
-             (8, 2, _randn(g, 2, 3, 8), _randn(g, 2, 6, 8), _randn(g, 2, 6, 8)),
+             (8, 2, randn(g, 2, 3, 8), randn(g, 2, 6, 8), randn(g, 2, 6, 8)),
              {"weight_seed": 2, "mask": _padding([6, 4], 6)}),
         Case("d_model 10 is not divisible by 3 heads: must raise ValueError", (10, 3, dummy, dummy, dummy),
              {"expect_error": True}),
-        Case("causal mask [5, 5], batch 1, d_model 12, 4 heads", (12, 4, *(3 * (_randn(g, 1, 5, 12),))),
+        Case("causal mask [5, 5], batch 1, d_model 12, 4 heads", (12, 4, *(3 * (randn(g, 1, 5, 12),))),
              {"weight_seed": 3, "mask": torch.ones(5, 5, dtype=torch.bool).tril()}, hidden=True),
         Case("float64, batch 3, 3 heads, random mask [3, 5, 5]", (6, 3, y, y, y),
-             {"weight_seed": 4, "mask": _random_mask(g, 3, 5, 5)}, hidden=True),
-        Case("a single head", (6, 1, _randn(g, 2, 3, 6), _randn(g, 2, 4, 6), _randn(g, 2, 4, 6)),
+             {"weight_seed": 4, "mask": random_mask(g, 3, 5, 5)}, hidden=True),
+        Case("a single head", (6, 1, randn(g, 2, 3, 6), randn(g, 2, 4, 6), randn(g, 2, 4, 6)),
              {"weight_seed": 5}, hidden=True),
         Case("d_model 7 is not divisible by 2 heads", (7, 2, dummy, dummy, dummy), {"expect_error": True}, hidden=True),
     ]

@@ -13,15 +13,7 @@ import torch
 
 from transformer_lib.positional import add_positions, offset_rotation, relative_offsets, sinusoidal_encoding
 
-from .core import Case, Checker, Mistake
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _randn(g: torch.Generator, *shape, dtype=torch.float32) -> torch.Tensor:
-    return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+from .core import Case, Checker, Mistake, randn, seeded
 
 
 # ---------------------------------------------------------------------------------------
@@ -141,17 +133,17 @@ check_sinusoidal_table = Checker(
 
 
 def _add_cases() -> list[Case]:
-    g = _gen(402)
+    g = seeded(402)
     table_16x8 = sinusoidal_encoding(16, 8)
     return [
-        Case("batch of 2, 5 tokens, table of 16", (_randn(g, 2, 5, 8), table_16x8)),
-        Case("offset 3", (_randn(g, 2, 4, 8), table_16x8), {"offset": 3}),
-        Case("one new token at position 7 (cached decoding)", (_randn(g, 3, 1, 8), table_16x8), {"offset": 7}),
-        Case("a random table, sequence as long as the table", (_randn(g, 1, 6, 4), _randn(g, 6, 4))),
-        Case("float64 embeddings, float32 table", (_randn(g, 2, 3, 8, dtype=torch.float64), table_16x8), {"offset": 2},
+        Case("batch of 2, 5 tokens, table of 16", (randn(g, 2, 5, 8), table_16x8)),
+        Case("offset 3", (randn(g, 2, 4, 8), table_16x8), {"offset": 3}),
+        Case("one new token at position 7 (cached decoding)", (randn(g, 3, 1, 8), table_16x8), {"offset": 7}),
+        Case("a random table, sequence as long as the table", (randn(g, 1, 6, 4), randn(g, 6, 4))),
+        Case("float64 embeddings, float32 table", (randn(g, 2, 3, 8, dtype=torch.float64), table_16x8), {"offset": 2},
              hidden=True),
-        Case("batch of 1, random table", (_randn(g, 1, 5, 6), _randn(g, 9, 6)), {"offset": 4}, hidden=True),
-        Case("last rows of the table", (_randn(g, 4, 3, 8), table_16x8), {"offset": 13}, hidden=True),
+        Case("batch of 1, random table", (randn(g, 1, 5, 6), randn(g, 9, 6)), {"offset": 4}, hidden=True),
+        Case("last rows of the table", (randn(g, 4, 3, 8), table_16x8), {"offset": 13}, hidden=True),
     ]
 
 

@@ -13,20 +13,12 @@ import torch
 
 from transformer_lib.layers import EncoderLayer, add_and_norm, feed_forward, layer_norm
 
-from .core import Case, Checker, Mistake
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _randn(g: torch.Generator, *shape, dtype=torch.float32, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
-    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale + shift).to(dtype)
+from .core import Case, Checker, Mistake, randn, seeded
 
 
 def _gamma_beta(g: torch.Generator, d: int, dtype=torch.float32):
     """A gamma near 1 and a beta near 0, but far enough from them that forgetting them shows."""
-    return _randn(g, d, dtype=dtype, scale=0.5, shift=1.0), _randn(g, d, dtype=dtype, scale=0.5)
+    return randn(g, d, dtype=dtype, scale=0.5, shift=1.0), randn(g, d, dtype=dtype, scale=0.5)
 
 
 # ---------------------------------------------------------------------------------------
@@ -35,22 +27,22 @@ def _gamma_beta(g: torch.Generator, d: int, dtype=torch.float32):
 
 
 def _layer_norm_cases() -> list[Case]:
-    g = _gen(501)
+    g = seeded(501)
     cases = []
 
     def add(name, x, hidden=False, **kwargs):
         gamma, beta = _gamma_beta(g, x.shape[-1], x.dtype)
         cases.append(Case(name, (x, gamma, beta), kwargs, hidden))
 
-    add("one sentence, 5 positions x 8 features", _randn(g, 5, 8, scale=2.0, shift=1.0))
-    add("batch of 3 sentences", _randn(g, 3, 4, 6, scale=3.0, shift=-2.0))
+    add("one sentence, 5 positions x 8 features", randn(g, 5, 8, scale=2.0, shift=1.0))
+    add("batch of 3 sentences", randn(g, 3, 4, 6, scale=3.0, shift=-2.0))
     # Variance 1e-6, below eps = 1e-5: where eps goes changes the answer completely.
-    add("tiny values (variance below eps)", _randn(g, 4, 6, scale=1e-3))
-    add("float64, two batch dims", _randn(g, 2, 3, 4, 10, dtype=torch.float64, scale=2.0), hidden=True)
-    add("large offset, float64", _randn(g, 3, 16, dtype=torch.float64, scale=50.0, shift=1000.0), hidden=True)
-    add("eps = 0.1 passed by keyword", _randn(g, 2, 5, 8, scale=0.5), hidden=True, eps=0.1)
-    add("a single feature (d = 1): the output is beta", _randn(g, 4, 1), hidden=True)
-    add("one vector", _randn(g, 12, scale=4.0), hidden=True)
+    add("tiny values (variance below eps)", randn(g, 4, 6, scale=1e-3))
+    add("float64, two batch dims", randn(g, 2, 3, 4, 10, dtype=torch.float64, scale=2.0), hidden=True)
+    add("large offset, float64", randn(g, 3, 16, dtype=torch.float64, scale=50.0, shift=1000.0), hidden=True)
+    add("eps = 0.1 passed by keyword", randn(g, 2, 5, 8, scale=0.5), hidden=True, eps=0.1)
+    add("a single feature (d = 1): the output is beta", randn(g, 4, 1), hidden=True)
+    add("one vector", randn(g, 12, scale=4.0), hidden=True)
     return cases
 
 
@@ -157,19 +149,19 @@ check_layer_norm = Checker(
 
 
 def _ffn_cases() -> list[Case]:
-    g = _gen(502)
+    g = seeded(502)
 
     def weights(d_model, d_ff, dtype=torch.float32):
-        return (_randn(g, d_model, d_ff, dtype=dtype, scale=1 / math.sqrt(d_model)), _randn(g, d_ff, dtype=dtype),
-                _randn(g, d_ff, d_model, dtype=dtype, scale=1 / math.sqrt(d_ff)), _randn(g, d_model, dtype=dtype))
+        return (randn(g, d_model, d_ff, dtype=dtype, scale=1 / math.sqrt(d_model)), randn(g, d_ff, dtype=dtype),
+                randn(g, d_ff, d_model, dtype=dtype, scale=1 / math.sqrt(d_ff)), randn(g, d_model, dtype=dtype))
 
     return [
-        Case("one sentence, d_model = 8, d_ff = 32", (_randn(g, 5, 8), *weights(8, 32))),
-        Case("batch of 2, d_model = 4, d_ff = 16", (_randn(g, 2, 3, 4), *weights(4, 16))),
-        Case("float64, two batch dims", (_randn(g, 2, 2, 3, 6, dtype=torch.float64), *weights(6, 24, torch.float64)),
+        Case("one sentence, d_model = 8, d_ff = 32", (randn(g, 5, 8), *weights(8, 32))),
+        Case("batch of 2, d_model = 4, d_ff = 16", (randn(g, 2, 3, 4), *weights(4, 16))),
+        Case("float64, two batch dims", (randn(g, 2, 2, 3, 6, dtype=torch.float64), *weights(6, 24, torch.float64)),
              hidden=True),
-        Case("a single position", (_randn(g, 1, 8), *weights(8, 32)), hidden=True),
-        Case("large inputs", (_randn(g, 4, 8, scale=20.0), *weights(8, 16)), hidden=True),
+        Case("a single position", (randn(g, 1, 8), *weights(8, 32)), hidden=True),
+        Case("large inputs", (randn(g, 4, 8, scale=20.0), *weights(8, 16)), hidden=True),
     ]
 
 
@@ -248,9 +240,9 @@ class FixedSublayer:
     """
 
     def __init__(self, d: int, seed: int, dtype=torch.float32):
-        g = _gen(seed)
-        self.w = _randn(g, d, d, dtype=dtype, scale=1 / math.sqrt(d))
-        self.b = _randn(g, d, dtype=dtype)
+        g = seeded(seed)
+        self.w = randn(g, d, d, dtype=dtype, scale=1 / math.sqrt(d))
+        self.b = randn(g, d, dtype=dtype)
 
     def __call__(self, y: torch.Tensor) -> torch.Tensor:
         return 2.0 * torch.tanh(y @ self.w + self.b)
@@ -260,10 +252,10 @@ class FixedSublayer:
 
 
 def _add_norm_cases() -> list[Case]:
-    g = _gen(503)
+    g = seeded(503)
 
     def case(name, shape, norm_first, seed, dtype=torch.float32, hidden=False, **extra):
-        x = _randn(g, *shape, dtype=dtype, scale=1.5, shift=0.5)
+        x = randn(g, *shape, dtype=dtype, scale=1.5, shift=0.5)
         gamma, beta = _gamma_beta(g, shape[-1], dtype)
         kwargs = {"norm_first": norm_first, **extra}
         return Case(name, (x, FixedSublayer(shape[-1], seed, dtype), gamma, beta), kwargs, hidden)
@@ -421,7 +413,7 @@ class ReferenceEncoderBlock(EncoderLayer):
 def _fill_weights(block, seed: int) -> None:
     """The same random weights in the learner's block and the reference: module by module,
     in a fixed order, with gamma near 1 and beta near 0 but not equal to them."""
-    g = _gen(seed)
+    g = seeded(seed)
     for module in (block.self_attn, block.feed_forward, block.norm1, block.norm2):
         for name, p in module.named_parameters():
             noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
@@ -439,11 +431,11 @@ def _invoke_block(cls, case: Case):
 
 
 def _block_cases() -> list[Case]:
-    g = _gen(504)
+    g = seeded(504)
 
     def case(name, batch, seq, d_model, n_heads, norm_first, lengths=None, dtype=torch.float32, hidden=False):
         seed = 5040 + len(cases)  # the weights of this case
-        x = _randn(g, batch, seq, d_model, dtype=dtype, scale=1.5)
+        x = randn(g, batch, seq, d_model, dtype=dtype, scale=1.5)
         mask = None
         if lengths is not None:
             mask = (torch.arange(seq)[None, :] < torch.tensor(lengths)[:, None])[:, None, :]  # [batch, 1, seq]

@@ -13,15 +13,7 @@ import torch
 from transformer_lib.attention import masked_softmax
 from transformer_lib.masks import causal_mask, decoder_self_mask, padding_mask
 
-from .core import Case, Checker, Mistake
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _randn(g: torch.Generator, *shape, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
-    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+from .core import Case, Checker, Mistake, randn, seeded
 
 
 def _tokens(lengths, seq, pad_id=0, first_id=None):
@@ -251,7 +243,7 @@ check_combine_decoder_mask = Checker(
 
 
 def _masked_softmax_cases() -> list[Case]:
-    g = _gen(604)
+    g = seeded(604)
     causal4 = _tril(4)
     pad = (_tokens([5, 3], 5) != 0)[:, None, None, :]  # [2, 1, 1, 5]
     empty_row = torch.tensor([[True, False, True, True],
@@ -262,16 +254,16 @@ def _masked_softmax_cases() -> list[Case]:
     random_mask = torch.rand(2, 5, 6, generator=g) < 0.5
     random_mask[0, 3] = False
     return [
-        Case("causal mask on 4 x 4 scores", (_randn(g, 4, 4, scale=2.0), causal4)),
-        Case("padding mask [2, 1, 1, 5] on scores [2, 2, 3, 5]", (_randn(g, 2, 2, 3, 5, scale=2.0), pad)),
-        Case("a query that may see no key (row 1)", (_randn(g, 3, 4, scale=2.0), empty_row)),
-        Case("float16, an empty row", (_randn(g, 6, 6, dtype=torch.float16, scale=2.0), half_mask)),
-        Case("float64, random mask with an empty row", (_randn(g, 2, 5, 6, dtype=torch.float64, scale=3.0),
+        Case("causal mask on 4 x 4 scores", (randn(g, 4, 4, scale=2.0), causal4)),
+        Case("padding mask [2, 1, 1, 5] on scores [2, 2, 3, 5]", (randn(g, 2, 2, 3, 5, scale=2.0), pad)),
+        Case("a query that may see no key (row 1)", (randn(g, 3, 4, scale=2.0), empty_row)),
+        Case("float16, an empty row", (randn(g, 6, 6, dtype=torch.float16, scale=2.0), half_mask)),
+        Case("float64, random mask with an empty row", (randn(g, 2, 5, 6, dtype=torch.float64, scale=3.0),
                                                          random_mask), hidden=True),
-        Case("large scores under a causal mask", (_randn(g, 5, 5, scale=60.0), _tril(5)), hidden=True),
-        Case("mask [L_k] shared by every query", (_randn(g, 3, 5), torch.tensor([True, False, True, True, False])),
+        Case("large scores under a causal mask", (randn(g, 5, 5, scale=60.0), _tril(5)), hidden=True),
+        Case("mask [L_k] shared by every query", (randn(g, 3, 5), torch.tensor([True, False, True, True, False])),
              hidden=True),
-        Case("every key hidden", (_randn(g, 2, 3, 3), torch.zeros(3, 3, dtype=torch.bool)), hidden=True),
+        Case("every key hidden", (randn(g, 2, 3, 3), torch.zeros(3, 3, dtype=torch.bool)), hidden=True),
     ]
 
 

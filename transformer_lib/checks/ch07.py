@@ -11,11 +11,7 @@ import torch
 from transformer_lib.decoding import top_k_filter
 from transformer_lib.training import label_smoothed_targets, make_teacher_forcing_batch, noam_rate
 
-from .core import Case, Checker, Mistake
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+from .core import Case, Checker, Mistake, seeded
 
 
 # ---------------------------------------------------------------------------------------
@@ -24,7 +20,7 @@ def _gen(seed: int) -> torch.Generator:
 
 
 def _smoothing_cases() -> list[Case]:
-    g = _gen(701)
+    g = seeded(701)
     random_targets = torch.randint(1, 9, (3, 5), generator=g)  # [3, 5], no pad yet
     random_targets[1, 3:] = 0  # padding at the end of the second sequence
     random_targets[2, 4] = 0
@@ -205,7 +201,7 @@ check_noam_learning_rate = Checker(
 
 
 def _teacher_forcing_cases() -> list[Case]:
-    g = _gen(703)
+    g = seeded(703)
     # Ids: 0 pad, 1 bos, 2 eos, then real tokens.
     return [
         Case("one target '2021' + eos", (torch.tensor([[5, 3, 5, 4, 2]]), 1)),
@@ -292,7 +288,7 @@ check_teacher_forcing_inputs = Checker(
 
 
 def _top_k_cases() -> list[Case]:
-    g = _gen(704)
+    g = seeded(704)
     return [
         Case("one row of 6, k = 2", (torch.tensor([1.0, 3.0, -2.0, 0.5, 2.0, -1.0]), 2)),
         Case("batch of 3, V = 8, k = 3", (torch.randn(3, 8, generator=g), 3)),

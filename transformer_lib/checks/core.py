@@ -70,6 +70,24 @@ class Verdict:
     mistake: str | None = None  # the name of the diagnosed mistake, if any
 
 
+def seeded(seed: int) -> torch.Generator:
+    """A generator of its own for each checker, so its cases never depend on global RNG state."""
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(g: torch.Generator, *shape, dtype=torch.float32, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+    """Normal samples drawn in float64 and then cast, so a float32 case and its float64
+    twin hold the same numbers up to rounding."""
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale + shift).to(dtype)
+
+
+def random_mask(g: torch.Generator, *shape) -> torch.Tensor:
+    """A boolean mask (True = may attend) in which every query still sees at least one key."""
+    mask = torch.rand(*shape, generator=g) < 0.6  # [..., L_q, L_k]
+    mask[..., 0] = True
+    return mask
+
+
 def _describe_value(value) -> str:
     if isinstance(value, torch.Tensor):
         dtype = str(value.dtype).replace("torch.", "")
