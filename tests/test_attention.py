@@ -19,22 +19,8 @@ from transformer_lib.attention import (
     self_attention,
     softmax,
 )
+from tensors import TOL, random_qkv
 from transformer_lib.masks import causal_mask
-
-# float32 carries ~7 significant digits, float64 ~16; the two implementations sum in
-# different orders, so they agree to a few ulps of the dtype, not bit for bit.
-TOL = {
-    torch.float32: dict(rtol=1e-5, atol=1e-6),
-    torch.float64: dict(rtol=1e-12, atol=1e-13),
-}
-
-
-def _qkv(batch, l_q, l_k, d_k, d_v, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(*batch, l_q, d_k, generator=g, dtype=dtype)
-    k = torch.randn(*batch, l_k, d_k, generator=g, dtype=dtype)
-    v = torch.randn(*batch, l_k, d_v, generator=g, dtype=dtype)
-    return q, k, v
 
 
 def _reference_weights(q, k, mask=None, scale=None):
@@ -70,7 +56,7 @@ SCALES = [None, 1.0, 0.3]
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_matches_torch_without_mask(shape, dtype, scale):
-    q, k, v = _qkv(*shape, dtype)
+    q, k, v = random_qkv(*shape, dtype)
     out, weights = scaled_dot_product_attention(q, k, v, scale=scale)
     expected = F.scaled_dot_product_attention(q, k, v, scale=scale)
     assert out.shape == expected.shape and out.dtype == dtype
@@ -83,7 +69,7 @@ def test_matches_torch_without_mask(shape, dtype, scale):
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_matches_torch_with_random_mask(shape, dtype, scale):
     batch, l_q, l_k = shape[0], shape[1], shape[2]
-    q, k, v = _qkv(*shape, dtype)
+    q, k, v = random_qkv(*shape, dtype)
     mask = _random_mask((*batch, l_q, l_k))
     out, weights = scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
@@ -93,7 +79,7 @@ def test_matches_torch_with_random_mask(shape, dtype, scale):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_mask_broadcasts_over_batch_and_heads(dtype):
-    q, k, v = _qkv((2, 3), 5, 7, 3, 11, dtype)
+    q, k, v = random_qkv((2, 3), 5, 7, 3, 11, dtype)
     mask = _random_mask((5, 7))  # one mask shared by every batch element and head
     out, _ = scaled_dot_product_attention(q, k, v, mask=mask)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -101,7 +87,7 @@ def test_mask_broadcasts_over_batch_and_heads(dtype):
 
 
 def test_scale_one_is_plain_dot_product():
-    q, k, v = _qkv((2,), 5, 7, 16, 4, torch.float64)
+    q, k, v = random_qkv((2,), 5, 7, 16, 4, torch.float64)
     _, w_default = scaled_dot_product_attention(q, k, v)
     _, w_plain = scaled_dot_product_attention(q, k, v, scale=1.0)
     torch.testing.assert_close(w_plain, torch.softmax(q @ k.transpose(-2, -1), dim=-1))
@@ -111,7 +97,7 @@ def test_scale_one_is_plain_dot_product():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_weights_rows_sum_to_one_and_masked_keys_get_exactly_zero(dtype):
-    q, k, v = _qkv((2, 3), 5, 7, 3, 11, dtype)
+    q, k, v = random_qkv((2, 3), 5, 7, 3, 11, dtype)
     mask = _random_mask((2, 1, 5, 7))
     _, weights = scaled_dot_product_attention(q, k, v, mask=mask)
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 5, dtype=dtype), **TOL[dtype])
@@ -122,7 +108,7 @@ def test_weights_rows_sum_to_one_and_masked_keys_get_exactly_zero(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_fully_masked_row_gives_zeros_not_nan(dtype):
-    q, k, v = _qkv((2,), 5, 7, 3, 11, dtype)
+    q, k, v = random_qkv((2,), 5, 7, 3, 11, dtype)
     mask = _random_mask((2, 5, 7))
     mask[0, 2] = False  # query 2 of sequence 0 may see no key at all
     out, weights = scaled_dot_product_attention(q, k, v, mask=mask)
@@ -137,7 +123,7 @@ def test_fully_masked_row_gives_zeros_not_nan(dtype):
 
 
 def test_float16_with_mask_stays_finite():
-    q, k, v = _qkv((2, 2), 6, 6, 8, 4, torch.float16)
+    q, k, v = random_qkv((2, 2), 6, 6, 8, 4, torch.float16)
     mask = causal_mask(6)
     mask_with_empty_row = _random_mask((6, 6)).clone()
     mask_with_empty_row[3] = False
@@ -165,7 +151,7 @@ def test_float16_large_scores_do_not_overflow():
 
 
 def test_dropout_changes_weights_but_keeps_shapes():
-    q, k, v = _qkv((2, 3), 5, 7, 3, 11, torch.float64)
+    q, k, v = random_qkv((2, 3), 5, 7, 3, 11, torch.float64)
     out0, w0 = scaled_dot_product_attention(q, k, v)
     torch.manual_seed(0)
     out, w = scaled_dot_product_attention(q, k, v, dropout_p=0.5)
@@ -179,7 +165,7 @@ def test_dropout_changes_weights_but_keeps_shapes():
 
 
 def test_no_dropout_is_deterministic():
-    q, k, v = _qkv((2,), 5, 7, 3, 11, torch.float32)
+    q, k, v = random_qkv((2,), 5, 7, 3, 11, torch.float32)
     a = scaled_dot_product_attention(q, k, v, dropout_p=0.0)
     b = scaled_dot_product_attention(q, k, v, dropout_p=0.0)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

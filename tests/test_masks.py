@@ -7,22 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from transformer_lib.attention import scaled_dot_product_attention
+from tensors import TOL, random_qkv
 from transformer_lib.masks import causal_mask, combine_masks, padding_mask
 
-TOL = {
-    torch.float32: dict(rtol=1e-5, atol=1e-6),
-    torch.float64: dict(rtol=1e-12, atol=1e-13),
-}
 DTYPES = [torch.float32, torch.float64]
 PAD = 0
-
-
-def _qkv(batch, l_q, l_k, d_k, d_v, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(*batch, l_q, d_k, generator=g, dtype=dtype)
-    k = torch.randn(*batch, l_k, d_k, generator=g, dtype=dtype)
-    v = torch.randn(*batch, l_k, d_v, generator=g, dtype=dtype)
-    return q, k, v
 
 
 def _tokens(lengths, seq, pad_id=PAD):
@@ -101,7 +90,7 @@ def test_combine_masks_skips_none():
 @pytest.mark.parametrize("batch", [(), (2,), (2, 3)], ids=str)
 @pytest.mark.parametrize("scale", [None, 1.0], ids=lambda s: f"scale={s}")
 def test_causal_mask_matches_torch_is_causal(batch, dtype, scale):
-    q, k, v = _qkv(batch, 6, 6, 5, 9, dtype)
+    q, k, v = random_qkv(batch, 6, 6, 5, 9, dtype)
     out, weights = scaled_dot_product_attention(q, k, v, mask=causal_mask(6), scale=scale)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale), **TOL[dtype])
     torch.testing.assert_close(
@@ -115,7 +104,7 @@ def test_causal_mask_matches_torch_is_causal(batch, dtype, scale):
 @pytest.mark.parametrize("lengths", [[7, 7], [7, 3, 1], [2, 5]], ids=str)
 def test_padding_mask_matches_torch(lengths, dtype):
     batch, heads, seq = len(lengths), 3, 7
-    q, k, v = _qkv((batch, heads), seq, seq, 5, 11, dtype)
+    q, k, v = random_qkv((batch, heads), seq, seq, 5, 11, dtype)
     mask = padding_mask(_tokens(lengths, seq), PAD)  # [batch, 1, 1, seq]
     out, weights = scaled_dot_product_attention(q, k, v, mask=mask)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), **TOL[dtype])
@@ -128,7 +117,7 @@ def test_padding_mask_matches_torch(lengths, dtype):
 @pytest.mark.parametrize("scale", [None, 1.0], ids=lambda s: f"scale={s}")
 def test_combined_causal_and_padding_matches_torch(dtype, scale):
     lengths, heads, seq = [6, 4, 1], 2, 6
-    q, k, v = _qkv((len(lengths), heads), seq, seq, 3, 11, dtype)
+    q, k, v = random_qkv((len(lengths), heads), seq, seq, 3, 11, dtype)
     mask = combine_masks(causal_mask(seq), padding_mask(_tokens(lengths, seq), PAD))  # [3, 1, 6, 6]
     out, weights = scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
@@ -140,7 +129,7 @@ def test_combined_causal_and_padding_matches_torch(dtype, scale):
 
 def test_padding_mask_with_cross_attention_of_odd_sizes():
     # Decoder queries (5) attending to padded encoder keys (7): only the keys are masked.
-    q, k, v = _qkv((2, 1), 5, 7, 3, 11, torch.float64)
+    q, k, v = random_qkv((2, 1), 5, 7, 3, 11, torch.float64)
     mask = padding_mask(_tokens([7, 4], seq=7), PAD)
     out, weights = scaled_dot_product_attention(q, k, v, mask=mask)
     assert out.shape == (2, 1, 5, 11) and weights.shape == (2, 1, 5, 7)
@@ -148,7 +137,7 @@ def test_padding_mask_with_cross_attention_of_odd_sizes():
 
 
 def test_float16_under_combined_mask_stays_finite():
-    q, k, v = _qkv((2, 2), 6, 6, 8, 4, torch.float16)
+    q, k, v = random_qkv((2, 2), 6, 6, 8, 4, torch.float16)
     mask = combine_masks(causal_mask(6), padding_mask(_tokens([6, 2], seq=6), PAD))
     out, weights = scaled_dot_product_attention(q, k, v, mask=mask)
     assert out.isfinite().all() and weights.isfinite().all()
@@ -190,6 +179,6 @@ def test_combine_masks_rejects_shapes_that_do_not_broadcast():
 
 
 def test_padding_mask_for_a_different_length_is_caught_by_attention():
-    q, k, v = _qkv((2, 1), 5, 5, 3, 3, torch.float32)
+    q, k, v = random_qkv((2, 1), 5, 5, 3, 3, torch.float32)
     with pytest.raises(ValueError, match=r"mask of shape \[2, 1, 1, 7\] does not broadcast"):
         scaled_dot_product_attention(q, k, v, mask=padding_mask(_tokens([7, 3], seq=7), PAD))
