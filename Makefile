@@ -6,22 +6,29 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 export PYTHONHASHSEED := 0
-# nbgrader finds its configuration here, and calls alembic/jupyter from the venv.
-export JUPYTER_CONFIG_PATH := $(CURDIR)/autograder
+# nbgrader calls alembic/jupyter by name: the venv's come first.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+# Two labs. The learner's lab reads .lab/ (no instructor tools, no news pop-up, opens on
+# chapters/README.md); the instructor's reads the course's nbgrader configuration.
+LEARNER_CONFIG    := $(CURDIR)/.lab
+INSTRUCTOR_CONFIG := $(CURDIR)/autograder
 
 # Jupyter refuses to run as root unless told; containers and CI machines often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_PORT ?= 8888
+LAB_DIR  ?= chapters
+# `make release FORCE=1` may overwrite a chapter a learner has worked in; without it, release refuses.
+FORCE    ?=
 
 # Tests and notebook builds run two processes on two cores: one thread each, or small
 # tensor ops spin-wait on each other (and thread counts change float reductions nbval compares).
 test test-fast notebooks grade: export OMP_NUM_THREADS = 1
 
-.PHONY: help venv lab test test-fast notebooks release grade check clean-grading
+.PHONY: help venv browser lab formgrader test test-fast notebooks release grade check clean-grading
 
 help:
-	@echo "make lab        JupyterLab on chapters/ (sets up .venv first)"
+	@echo "make lab        the learner's JupyterLab on chapters/ (sets up .venv first)"
+	@echo "make formgrader the instructor's JupyterLab with nbgrader's Formgrader, on the whole course"
 	@echo "make test       the whole suite: library, checkers, nbval on every solution, release and grading pipeline"
 	@echo "make notebooks  rebuild and execute solutions/*/*.ipynb from their jupytext .py sources"
 	@echo "make release    regenerate chapters/ from solutions/ (nbgrader generate_assignment)"
@@ -35,10 +42,24 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e .
 	@touch $(STAMP)
 
-lab: venv
-	$(VENV)/bin/jupyter lab --notebook-dir=chapters --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) $(ROOT_FLAG)
+# The browser test drives Debian's chromium; as root, install it when it is missing.
+# Elsewhere the test says it is skipped and why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium for the browser test (apt-get)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-wqy-microhei >/dev/null; \
+	  else echo "chromium is not installed and cannot be installed here: the browser test will be skipped"; fi; }
 
-test: venv
+lab: venv
+	JUPYTER_CONFIG_PATH=$(LEARNER_CONFIG) $(VENV)/bin/jupyter lab --notebook-dir=$(LAB_DIR) \
+	  --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) $(ROOT_FLAG)
+
+formgrader: venv
+	JUPYTER_CONFIG_PATH=$(INSTRUCTOR_CONFIG) $(VENV)/bin/jupyter lab --notebook-dir=$(CURDIR) \
+	  --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) --LabApp.default_url=/formgrader $(ROOT_FLAG)
+
+test: venv browser
 	$(PY) -m pytest -p no:cacheprovider -n 2 --dist loadfile --nbval --nbval-current-env --nbval-cell-timeout=300 tests solutions
 
 test-fast: venv
@@ -49,7 +70,7 @@ notebooks: venv
 
 release: venv
 	$(PY) autograder/notebooks.py check $(CHAPTERS)
-	$(PY) autograder/course.py release $(CHAPTERS)
+	$(PY) autograder/course.py release $(if $(FORCE),--force,) $(CHAPTERS)
 
 grade: venv
 	$(PY) autograder/course.py grade

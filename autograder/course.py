@@ -93,10 +93,51 @@ class Course:
 # -- release ---------------------------------------------------------------------------
 
 
-def release(course: Course, chapters: list[str] | None = None, release_dir: str | None = None) -> None:
-    """Regenerate the learners' notebooks from the solutions with nbgrader generate_assignment."""
+class LearnerWorkFound(RuntimeError):
+    """A release would overwrite a notebook a learner has worked in."""
+
+
+def learner_work(notebook_path: Path) -> list[str]:
+    """Why `notebook_path` looks like a learner's work in progress (empty when it is a clean release).
+
+    A release has no outputs and every nbgrader cell still matches the checksum nbgrader
+    stored when it generated the release; a learner's notebook has run cells or edited ones."""
+    import nbformat
+    from nbgrader.utils import compute_checksum
+
+    if not notebook_path.exists():
+        return []
+    try:
+        nb = nbformat.read(notebook_path, as_version=4)
+    except Exception as exc:  # unreadable: not ours to overwrite either
+        return [f"it cannot be read as a notebook ({type(exc).__name__})"]
+    reasons = []
+    if any(c.cell_type == "code" and (c.get("outputs") or c.get("execution_count")) for c in nb.cells):
+        reasons.append("cells have been run")
+    edited = [c.metadata["nbgrader"].get("grade_id", "?") for c in nb.cells
+              if "checksum" in c.metadata.get("nbgrader", {}) and compute_checksum(c) != c.metadata["nbgrader"]["checksum"]]
+    if edited:
+        reasons.append(f"cells were edited ({', '.join(edited[:5])})")
+    return reasons
+
+
+def release(course: Course, chapters: list[str] | None = None, release_dir: str | None = None,
+            force: bool = False) -> None:
+    """Regenerate the learners' notebooks from the solutions with nbgrader generate_assignment.
+
+    Refuses (unless `force`) to overwrite a notebook in the release folder that a learner has
+    worked in: `make lab` serves that very folder, and their answers live nowhere else."""
     extra = [f"--CourseDirectory.release_directory={release_dir}"] if release_dir else []
-    for chapter in chapters or course.chapters():
+    selected = chapters or course.chapters()
+    if not force and release_dir is None:
+        for chapter in selected:
+            reasons = learner_work(course.chapters_dir / chapter / f"{chapter}.ipynb")
+            if reasons:
+                raise LearnerWorkFound(
+                    f"chapters/{chapter}/{chapter}.ipynb holds a learner's work ({'; '.join(reasons)}). "
+                    f"Release would overwrite it: move it somewhere safe first, or run `make release FORCE=1` "
+                    f"to overwrite it anyway.")
+    for chapter in selected:
         course.nbgrader("generate_assignment", chapter, "--force", *extra)
 
 
@@ -400,13 +441,18 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     rel = sub.add_parser("release", help="regenerate chapters/ from solutions/")
     rel.add_argument("chapters", nargs="*")
+    rel.add_argument("--force", action="store_true", help="overwrite chapters a learner has worked in")
     gr = sub.add_parser("grade", help="autograde autograder/submitted/, write feedback, export grades")
     gr.add_argument("--cell-timeout", type=int, default=int(os.environ.get("COURSE_CELL_TIMEOUT", "120")))
     gr.add_argument("--no-independent-check", action="store_true", help="trust the in-notebook checks only")
     args = parser.parse_args(argv)
     course = Course(args.root.resolve())
     if args.command == "release":
-        release(course, args.chapters or None)
+        try:
+            release(course, args.chapters or None, force=args.force)
+        except LearnerWorkFound as exc:
+            print(f"release refused: {exc}", file=sys.stderr)
+            return 1
         print(f"released {', '.join(args.chapters or course.chapters())} into {course.chapters_dir}")
         return 0
     students = course.students()

@@ -9,7 +9,7 @@ read-only file system except that working directory.
 
 The code cells run in order, as in the notebook. Where the notebook has a graded test
 cell, its checker calls are *not* executed; instead the function each call names is
-looked up at that point (later cells may rebind the name to the reference) and run on
+looked up at that point and run on
 the checker's cases. The outputs go to OUTPUTS.pt as plain tensors and numbers; the
 grader reads them with `torch.load(weights_only=True)` and judges them in its own process.
 """

@@ -1,4 +1,5 @@
-"""`make lab` serves the chapters in a real JupyterLab."""
+"""`make lab` serves the chapters in a real JupyterLab, without the instructor's tools;
+`make formgrader` is the instructor's lab with them."""
 
 import json
 import os
@@ -7,6 +8,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -28,29 +30,64 @@ def _get(url: str, token: str):
         return response.status, response.read()
 
 
-def test_make_lab_serves_the_chapters(tmp_path):
+def _start(target: str, tmp_path, path_pattern: str):
+    """Start `make TARGET` on a free port; return (process, port, token) once it printed its URL."""
     port = _free_port()
     env = dict(os.environ, BROWSER="true", JUPYTER_RUNTIME_DIR=str(tmp_path))
     env.pop("JUPYTER_TOKEN", None)
-    log = open(tmp_path / "lab.log", "w+")
-    lab = subprocess.Popen(["make", "--no-print-directory", "lab", f"LAB_PORT={port}"], cwd=ROOT, env=env,
-                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        # With no browser on the machine, the URL with its token is what the learner gets.
-        deadline, url = time.time() + 120, None
-        while url is None:
+    log = open(tmp_path / f"{target}.log", "w+")
+    proc = subprocess.Popen(["make", "--no-print-directory", target, f"LAB_PORT={port}"], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # With no browser on the machine, the URL with its token is what the learner gets.
+    deadline, url = time.time() + 120, None
+    while url is None:
+        log.seek(0)
+        url = re.search(rf"http://127\.0\.0\.1:{port}{path_pattern}\?token=([0-9a-f]+)", log.read())
+        if url is None and (proc.poll() is not None or time.time() > deadline):
             log.seek(0)
-            url = re.search(rf"http://127\.0\.0\.1:{port}/lab\?token=([0-9a-f]+)", log.read())
-            if url is None and (lab.poll() is not None or time.time() > deadline):
-                log.seek(0)
-                pytest.fail(f"JupyterLab did not print its URL:\n{log.read()[-3000:]}")
-            time.sleep(0.5)
-        token = url.group(1)
+            os.killpg(proc.pid, signal.SIGTERM)
+            pytest.fail(f"`make {target}` did not print its URL:\n{log.read()[-3000:]}")
+        time.sleep(0.5)
+    return proc, port, url.group(1)
+
+
+def _status(url: str, token: str) -> int:
+    try:
+        return _get(url, token)[0]
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_make_lab_serves_the_chapters_as_a_learners_lab(tmp_path):
+    lab, port, token = _start("lab", tmp_path, "/lab/tree/README.md")
+    try:
         status, page = _get(f"http://127.0.0.1:{port}/lab", token)
         assert status == 200 and b"JupyterLab" in page
         status, body = _get(f"http://127.0.0.1:{port}/api/contents", token)
         names = {item["name"] for item in json.loads(body)["content"]}
-        assert set(CHAPTERS) <= names, names  # the server's root is chapters/
+        assert set(CHAPTERS) <= names and "README.md" in names, names  # the server's root is chapters/
+        # No instructor tools: nbgrader's formgrader and course/assignment lists are not served...
+        for path in ["/formgrader", "/formgrader/api/assignments", "/assignments", "/courses"]:
+            assert _status(f"http://127.0.0.1:{port}{path}", token) == 404, path
+        # ...their lab plugins and JupyterLab's news are disabled, Validate stays.
+        config = json.loads(re.search(rb'id="jupyter-config-data"[^>]*>(.*?)</script>', page, re.S).group(1))
+        disabled = set(config["disabledExtensions"])
+        assert {"@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment", "@jupyter/nbgrader:menu",
+                "@jupyter/nbgrader:assignment-list", "@jupyter/nbgrader:course-list",
+                "@jupyterlab/apputils-extension:announcements"} <= disabled
+        assert "@jupyter/nbgrader:validate-assignment" not in disabled
+    finally:
+        os.killpg(lab.pid, signal.SIGTERM)
+        lab.wait(timeout=30)
+
+
+def test_make_formgrader_is_the_instructors_lab(tmp_path):
+    lab, port, token = _start("formgrader", tmp_path, "/formgrader")
+    try:
+        assert _status(f"http://127.0.0.1:{port}/formgrader", token) == 200
+        status, body = _get(f"http://127.0.0.1:{port}/api/contents", token)
+        names = {item["name"] for item in json.loads(body)["content"]}
+        assert {"solutions", "chapters", "autograder"} <= names, names  # the whole course
     finally:
         os.killpg(lab.pid, signal.SIGTERM)
         lab.wait(timeout=30)

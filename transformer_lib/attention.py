@@ -244,6 +244,24 @@ def multi_head_attention_forward(query, key, value, w_q, w_k, w_v, w_o, n_heads,
     return merge_heads(out) @ w_o, weights  # [batch, L_q, d_model], [batch, heads, L_q, L_k]
 
 
+def attention_entropy(weights: torch.Tensor) -> torch.Tensor:
+    """How spread out each query's attention is: H = -sum_j a_j log a_j over the keys, in nats.
+
+    weights: [..., L_q, L_k], each row >= 0 and summing to one (or all zeros, for a query
+    that may see no key). Returns [..., L_q]: 0 for a query that puts all its weight on one
+    key, log(n) for one that spreads it evenly over n keys. Analyses of trained heads
+    (Voita et al., 2019; Clark et al., 2019) use such measures to tell sharp heads from broad ones.
+    """
+    if not isinstance(weights, torch.Tensor) or not weights.is_floating_point():
+        got = weights.dtype if isinstance(weights, torch.Tensor) else type(weights).__name__
+        raise TypeError(f"attention_entropy needs floating-point weights [..., L_q, L_k], got {got}")
+    if weights.dim() < 1:
+        raise ValueError("attention_entropy needs weights with a keys dimension [..., L_k], got a scalar")
+    # entr(a) = -a log a, with its limit 0 at a = 0: a masked key (weight exactly 0) adds
+    # nothing, where -a * a.log() would give 0 * -inf = NaN.
+    return torch.special.entr(weights).sum(dim=-1)  # [..., L_q]
+
+
 @dataclass
 class KVCache:
     """Keys and values one attention layer has already computed, kept across decoding steps.

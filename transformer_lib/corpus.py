@@ -2,9 +2,9 @@
 (`pydoc_data.topics`, the text behind `help("if")`), a tokenizer for it, and a small,
 hand-written "apple" corpus in which one word has two senses (the fruit and the company).
 
-The apple corpus is the chapter-01 version of the documents' 苹果 example (eat an apple
-vs. an Apple product launch): every sentence is generated from templates written for
-this course, with a seeded random choice of fillers, so it is the same on every machine.
+The apple corpus is chapter 01's version of the classic 苹果 example (eating an apple vs.
+an Apple product launch): every sentence is generated from templates written for this
+course, with a seeded random choice of fillers, so it is the same on every machine.
 """
 
 from __future__ import annotations
@@ -142,3 +142,30 @@ def apple_corpus(n_sentences: int = 600, seed: int = 0, apple_share: float = 0.3
 # Two sentences the vectors never saw, one per sense (苹果 as fruit, 苹果 as company).
 APPLE_FRUIT_SENTENCE = "she ate a ripe apple and a sweet pear"
 APPLE_COMPANY_SENTENCE = "apple and microsoft released a new phone"
+
+
+# ----------------------------------------------------------------------------------
+# One train/validation split of the help prose, shared by every chapter and benchmark.
+# ----------------------------------------------------------------------------------
+
+VAL_PARTS = 10  # validation is the last 1/VAL_PARTS of the paragraphs: a 90/10 split
+
+
+def char_splits() -> tuple[str, str]:
+    """The course's language-modelling text, split once: `(train_text, val_text)`.
+
+    The prose paragraphs of `pydoc_paragraphs()`, each distinct paragraph once (the help
+    topics repeat whole sections: the "while" topic is also part of "compound", so without
+    this the validation text would partly be training text), one paragraph per line.
+    The last 10% of those paragraphs (rounded up) are the validation text and the first 90%
+    the training text, as nanoGPT splits its Shakespeare: a contiguous tail, not a random
+    sample. No randomness at all: every chapter, test and benchmark sees the same two strings.
+
+    On CPython 3.11 (the course's pin): 1,331 distinct paragraphs, 1,197 for training
+    (264,147 characters) and 134 for validation (25,885 characters). Other Python versions
+    ship other help text, and so other sizes.
+    """
+    distinct = list(dict.fromkeys(pydoc_paragraphs()))  # first occurrence of each, in order
+    n_val = -(-len(distinct) // VAL_PARTS)  # ceil(len / 10): at least one paragraph
+    train, val = distinct[:-n_val], distinct[-n_val:]
+    return "\n".join(train), "\n".join(val)

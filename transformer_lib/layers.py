@@ -1,12 +1,13 @@
 """The Transformer's layers and the encoder-decoder model ("Attention Is All You Need", section 3).
 
-Read top to bottom: LayerNorm, the position-wise feed-forward network, the residual
-sub-layer (post-norm as in the paper, pre-norm as most later models; Xiong et al., 2020,
-"On Layer Normalization in the Transformer Architecture"), the encoder and decoder layers,
-their stacks, the scaled token embedding, the generator, and the full model with its
-config. The first three come as plain functions of tensors (layer_norm, feed_forward,
-add_and_norm, the answers of chapter 05's exercises) that the modules call, so there is
-one copy of each formula. Masks follow the course convention: bool, True = may attend.
+Read top to bottom: LayerNorm (and BatchNorm, for comparison), the position-wise
+feed-forward network, the residual sub-layer (post-norm as in the paper, pre-norm as most
+later models; Xiong et al., 2020, "On Layer Normalization in the Transformer Architecture"),
+the encoder and decoder layers, their stacks, the scaled token embedding, the generator,
+and the full model with its config. Chapter 05's exercises are plain functions here
+(layer_norm, batch_norm, feed_forward, add_and_norm, encoder_layer_forward,
+encoder_forward) that the modules call, so there is one copy of each formula. Masks follow
+the course convention: bool, True = may attend.
 """
 
 from __future__ import annotations
@@ -41,6 +42,28 @@ def layer_norm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: fl
     mean = x.mean(dim=-1, keepdim=True)  # [..., 1]
     var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # [..., 1], biased: divide by d
     return gamma * (x - mean) / torch.sqrt(var + eps) + beta  # [..., d]
+
+
+def batch_norm(x: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
+    """BatchNorm over a batch of sequences, without gain and bias (nn.BatchNorm1d in training mode).
+
+    x: [batch, seq, d]; mask: None or bool [batch, seq], True = a real token (False = padding).
+    One mean and one biased variance per feature, over every (real) token of every sequence:
+    the opposite axes to layer_norm. Padding positions are normalised with the same
+    statistics; their values never enter them when a mask is given. Returns [batch, seq, d].
+    """
+    if x.dim() != 3:
+        raise ValueError(f"batch_norm expects x of shape [batch, seq, d], got {list(x.shape)}")
+    if mask is None:
+        mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+    if mask.shape != x.shape[:2] or mask.dtype != torch.bool:
+        raise ValueError(f"batch_norm's mask must be bool [batch, seq] = {list(x.shape[:2])}, "
+                         f"got {mask.dtype} {list(mask.shape)}")
+    weight = mask[..., None].to(x.dtype)  # [batch, seq, 1]: 1 for a real token, 0 for padding
+    count = weight.sum(dim=(0, 1), keepdim=True)  # [1, 1, 1]: real tokens in the batch
+    mean = (x * weight).sum(dim=(0, 1), keepdim=True) / count  # [1, 1, d]
+    var = (((x - mean) ** 2) * weight).sum(dim=(0, 1), keepdim=True) / count  # [1, 1, d], biased
+    return (x - mean) / torch.sqrt(var + eps)  # [batch, seq, d]
 
 
 class LayerNorm(nn.Module):
@@ -78,7 +101,7 @@ def feed_forward(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2:
     hidden = x @ w1  # [..., d_ff]: expand
     if b1 is not None:
         hidden = hidden + b1
-    hidden = activation(hidden)  # the only non-linearity of the layer outside the softmax
+    hidden = activation(hidden)  # without it, the two products would collapse into one linear map
     if dropout is not None:
         hidden = dropout(hidden)
     out = hidden @ w2  # [..., d_model]: project back
@@ -115,8 +138,8 @@ def add_and_norm(x: torch.Tensor, sublayer, gamma: torch.Tensor, beta: torch.Ten
     pre-norm  (norm_first=True, GPT-2 and most later models): x + sublayer(LayerNorm(x))
 
     x: [..., d_model]; sublayer: a function [..., d_model] -> [..., d_model]; gamma, beta: [d_model].
-    In pre-norm the sum with x is never normalised, so the path from the output back to x
-    is an exact identity: gradients reach early layers undiminished, however deep the stack.
+    In pre-norm the sum with x is never normalised inside the layer, so the residual path
+    through it is an exact identity; in a stack, only the final LayerNorm scales it.
     """
     if norm_first:
         return x + sublayer(layer_norm(x, gamma, beta, eps))  # [..., d_model]
@@ -138,13 +161,33 @@ class ResidualConnection(nn.Module):
                             self.norm_first, self.norm.eps)
 
 
+def encoder_layer_forward(x: torch.Tensor, mask: torch.Tensor | None, layer: EncoderLayer) -> torch.Tensor:
+    """One encoder layer: self-attention, then the FFN, each inside a residual connection.
+
+    post-norm: x = LN1(x + drop(SelfAttn(x))); out = LN2(x + drop(FFN(x)))
+    pre-norm:  x = x + drop(SelfAttn(LN1(x))); out = x + drop(FFN(LN2(x)))
+    x: [batch, seq, d_model]; mask: None or bool, broadcastable to the scores (True = may
+    attend), e.g. padding_mask's [batch, 1, 1, seq]. `layer` supplies the parts: self_attn,
+    feed_forward, norm1, norm2, dropout1, dropout2 and norm_first. Returns [batch, seq, d_model].
+    """
+    def attention(y):  # the only place where positions exchange information
+        return layer.dropout1(layer.self_attn(y, y, y, mask))  # [batch, seq, d_model]
+
+    def ffn(y):  # then each position on its own
+        return layer.dropout2(layer.feed_forward(y))  # [batch, seq, d_model]
+
+    x = add_and_norm(x, attention, layer.norm1.gamma, layer.norm1.beta, layer.norm_first, layer.norm1.eps)
+    return add_and_norm(x, ffn, layer.norm2.gamma, layer.norm2.beta, layer.norm_first, layer.norm2.eps)
+
+
 class EncoderLayer(nn.Module):
     """Self-attention, then the feed-forward network, each inside a residual connection.
 
     post-norm: x = LN1(x + SelfAttn(x)); out = LN2(x + FFN(x))
     pre-norm:  x = x + SelfAttn(LN1(x)); out = x + FFN(LN2(x))
     Attention is the only place where positions exchange information; the FFN then
-    transforms each position on its own.
+    transforms each position on its own. The LayerNorms and dropouts live in residual1 and
+    residual2; norm1/norm2, dropout1/dropout2 and norm_first name them as the equations do.
     """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0,
@@ -155,9 +198,28 @@ class EncoderLayer(nn.Module):
         self.residual1 = ResidualConnection(d_model, dropout, norm_first)
         self.residual2 = ResidualConnection(d_model, dropout, norm_first)
 
+    @property
+    def norm1(self) -> LayerNorm:  # around the attention
+        return self.residual1.norm
+
+    @property
+    def norm2(self) -> LayerNorm:  # around the FFN
+        return self.residual2.norm
+
+    @property
+    def dropout1(self) -> nn.Dropout:
+        return self.residual1.dropout
+
+    @property
+    def dropout2(self) -> nn.Dropout:
+        return self.residual2.dropout
+
+    @property
+    def norm_first(self) -> bool:
+        return self.residual1.norm_first
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.residual1(x, lambda y: self.self_attn(y, y, y, mask))  # [batch, src, d_model]
-        return self.residual2(x, self.feed_forward)
+        return encoder_layer_forward(x, mask, self)  # [batch, src, d_model]
 
 
 @dataclass
@@ -196,6 +258,20 @@ def _check_n_layers(n_layers) -> None:
         raise ValueError(f"a stack needs a positive integer number of layers, got n_layers={n_layers!r}")
 
 
+def encoder_forward(x: torch.Tensor, mask: torch.Tensor | None, encoder: Encoder,
+                    layer_forward=None) -> torch.Tensor:
+    """The encoder stack: each layer's output is the next layer's input, then the final norm.
+
+    x: [batch, seq, d_model]; mask: as for one layer, the same for every layer. `layer_forward(x,
+    mask, layer)` runs one layer (default: the layer's own forward). `encoder.norm` is a
+    LayerNorm in pre-norm stacks, whose residual stream is otherwise never normalised, and
+    the identity in post-norm ones. Returns [batch, seq, d_model].
+    """
+    for layer in encoder.layers:
+        x = layer(x, mask) if layer_forward is None else layer_forward(x, mask, layer)  # [batch, seq, d_model]
+    return encoder.norm(x)
+
+
 class Encoder(nn.Module):
     """N encoder layers, each a deep copy of `layer` with its own parameters (like
     torch.nn.TransformerEncoder, the copies start from equal values; EncoderDecoder
@@ -209,9 +285,7 @@ class Encoder(nn.Module):
         self.norm = LayerNorm(layer.self_attn.d_model) if norm_first else nn.Identity()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x, mask)
-        return self.norm(x)
+        return encoder_forward(x, mask, self)
 
 
 class Decoder(nn.Module):

@@ -38,6 +38,10 @@ def padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
 
     Returns a bool tensor of shape [batch, 1, 1, seq]: it broadcasts over heads and
     over queries, so every query of sequence b sees exactly the real tokens of b.
+    For one head's scores [batch, L_q, L_k] the same mask is `padding_mask(...)[:, 0]`,
+    [batch, 1, seq] (MultiHeadAttention accepts either). What matters is the 1 on the
+    query axis: [batch, seq, 1] would hide queries, and a bare [batch, seq] would line
+    the batch up with the queries.
     Padded *queries* are not hidden: their outputs are ignored by the loss instead,
     and hiding them would leave rows with nothing to attend to.
     """

@@ -2,9 +2,11 @@
 
 Three ways, as in the course's chapter 04: the fixed sinusoidal encoding of "Attention Is
 All You Need" (Vaswani et al., 2017, section 3.5), a learned table of absolute positions
-(BERT, GPT-2, ViT), and a learned bias on the attention scores that depends only on the
-offset between two positions (relative positions, in the spirit of Shaw et al., 2018 and
-T5's bucketed bias, Raffel et al., 2020).
+(BERT, GPT-2, ViT), and a learned scalar bias per head on the attention scores that depends
+only on the offset between two positions. That last one is T5's relative position bias
+(Raffel et al., 2020), with the simple clipping of Shaw et al. (2018) in place of T5's
+logarithmic buckets. (Shaw et al. themselves add learned relative-position *vectors* to the
+keys and values inside attention, not a scalar to the scores.)
 """
 
 import operator
@@ -164,8 +166,24 @@ def relative_offsets(q_len: int, k_len: int, max_distance: int, device=None, q_o
     return (k_pos - q_pos).clamp(-max_distance, max_distance) + max_distance  # [L_q, L_k]
 
 
+def relative_position_bias(table: torch.Tensor, q_len: int, k_len: int, q_offset: int = 0) -> torch.Tensor:
+    """The bias each head adds to its scores: bias[h, i, j] = table[h, clip(j - i, -D, D) + D].
+
+    table: [heads, 2D + 1], one learned scalar per head and clipped offset (D = max_distance,
+    read from the table's width). Returns [heads, q_len, k_len], which broadcasts over the
+    batch when added to scores [batch, heads, q_len, k_len]. Indexing (a gather) keeps the
+    result differentiable with respect to the table, so the table trains.
+    """
+    if table.dim() != 2 or table.shape[-1] % 2 == 0:
+        raise ValueError(f"a relative bias table is [heads, 2 * max_distance + 1] (an odd number of columns), "
+                         f"got {list(table.shape)}")
+    max_distance = (table.shape[-1] - 1) // 2
+    index = relative_offsets(q_len, k_len, max_distance, table.device, q_offset)  # [L_q, L_k]
+    return table[:, index]  # [heads, L_q, L_k]
+
+
 class RelativePositionBias(nn.Module):
-    """A learned scalar per head and per (clipped) offset j - i, added to the attention scores.
+    """A learned scalar per head and per (clipped) offset j - i, added to the attention scores (T5's idea).
 
     Positions further apart than max_distance share one bias. forward(L_q, L_k) returns
     [heads, L_q, L_k], which MultiHeadAttention takes as `bias=`. The bias depends only on
@@ -182,5 +200,4 @@ class RelativePositionBias(nn.Module):
 
     def forward(self, q_len: int, k_len: int, q_offset: int = 0) -> torch.Tensor:
         # q_offset: with a key/value cache the queries are the last positions, not the first.
-        index = relative_offsets(q_len, k_len, self.max_distance, self.table.device, q_offset)  # [L_q, L_k]
-        return self.table[:, index]  # [heads, L_q, L_k]
+        return relative_position_bias(self.table, q_len, k_len, q_offset)  # [heads, L_q, L_k]

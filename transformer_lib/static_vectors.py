@@ -188,9 +188,15 @@ class StaticVectors:
         return nearest_neighbours(self.vectors, self.vocab, word, k)
 
 
-def nearest_neighbours(vectors: torch.Tensor, vocab: Vocabulary, word: str, k: int = 5) -> list[tuple[str, float]]:
-    """The k nearest words to `word` by cosine similarity, as (word, cosine) pairs."""
-    sims = cosine_similarity(vectors[vocab.id(word)][None], vectors)[0]  # [V]
+def nearest_neighbours(
+    vectors: torch.Tensor, vocab: Vocabulary, word: str, k: int = 5, similarity=cosine_similarity
+) -> list[tuple[str, float]]:
+    """The k nearest words to `word` by cosine similarity, as (word, cosine) pairs.
+
+    `similarity(a [N, d], b [M, d]) -> [N, M]` is the cosine to use (a chapter passes the
+    learner's own `cosine_similarity` here once it passes its check).
+    """
+    sims = similarity(vectors[vocab.id(word)][None], vectors)[0].clone()  # [V]
     sims[vocab.id(word)] = -float("inf")  # a word is trivially its own nearest neighbour
     best = sims.topk(min(k, len(vocab) - 1))
     return [(vocab.words[i], round(s, 4)) for s, i in zip(best.values.tolist(), best.indices.tolist())]
@@ -202,18 +208,22 @@ def fit_static_vectors(
     window: int = 2,
     max_size: int | None = None,
     min_count: int = 1,
+    counts_fn=cooccurrence_counts,
+    ppmi_fn=ppmi,
 ) -> StaticVectors:
     """Tokenised sentences -> vocabulary -> summed co-occurrence counts -> PPMI -> SVD.
 
     Counting sentence by sentence keeps the window from reaching across a sentence end.
+    `counts_fn` and `ppmi_fn` default to this module's; a chapter passes the learner's own
+    functions, so the vectors it studies are built by the code the learner wrote.
     """
     vocab = build_vocabulary((t for s in sentences for t in s), max_size=max_size, min_count=min_count)
     counts = torch.zeros(len(vocab), len(vocab))  # [V, V]
     for sentence in sentences:
         ids = vocab.encode(sentence)
         if len(ids) > 1:
-            counts += cooccurrence_counts(ids, len(vocab), window)
-    return StaticVectors(vocab, svd_vectors(ppmi(counts), min(dim, len(vocab))))
+            counts += counts_fn(ids, len(vocab), window)
+    return StaticVectors(vocab, svd_vectors(ppmi_fn(counts), min(dim, len(vocab))))
 
 
 # ----------------------------------------------------------------------------------
@@ -237,11 +247,16 @@ def contextual_vectors(vectors: torch.Tensor, sharpness: float = 5.0) -> torch.T
     """Give each word of a sentence a context-dependent vector: an attention-weighted
     average of the sentence's static vectors.
 
+        x'_i = sum_j a_ij x_j,   a_ij = softmax_j( sharpness * cos(x_i, x_j) )
+
     vectors: [..., L, d] static vectors of one sentence. Every word scores every word by
-    cosine similarity times `sharpness`, the scores go through softmax, and the word's new
-    vector is the weighted mean of the sentence's vectors. Same word, different sentence,
-    different weights: a different vector. Returns [..., L, d].
+    cosine similarity times `sharpness`, the scores go through softmax over the sentence,
+    and the word's new vector is the weighted mean of the sentence's *static* vectors (the
+    cosines only choose the weights). Same word, different sentence, different weights: a
+    different vector. A zero vector has cosine 0 with everything. Returns [..., L, d].
     """
+    if vectors.dim() < 2:
+        raise ValueError(f"vectors must be [..., L, d] (one row per word), got shape {list(vectors.shape)}")
     unit = vectors / vectors.norm(dim=-1, keepdim=True).clamp_min(1e-8)  # [..., L, d]
     mixed, _ = scaled_dot_product_attention(unit, unit, vectors, scale=sharpness)
     return mixed  # [..., L, d]

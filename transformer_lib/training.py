@@ -25,7 +25,7 @@ from typing import Callable, Iterable
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from tqdm import tqdm
+from tqdm.auto import tqdm  # widgets in JupyterLab, plain text in a terminal
 
 from .masks import causal_mask, padding_mask
 
@@ -58,6 +58,21 @@ def label_smoothed_targets(target: torch.Tensor, vocab_size: int, smoothing: flo
     return q.masked_fill((target == pad_id).unsqueeze(-1), 0.0)  # [..., V]
 
 
+def label_smoothed_loss(log_probs: torch.Tensor, target: torch.Tensor, smoothing: float, pad_id: int) -> torch.Tensor:
+    """The label-smoothed cross-entropy H(q, p), averaged over the real (non-<pad>) target positions.
+
+    log_probs: [..., V] (the Generator's output); target: [...] integer ids. Returns a scalar
+    tensor of log_probs' dtype: sum over positions of -sum_v q_v log p_v, divided by the number
+    of positions whose target is not <pad>, with q from `label_smoothed_targets`.
+    """
+    q = label_smoothed_targets(target, log_probs.shape[-1], smoothing, pad_id, log_probs.dtype)  # [..., V]
+    # where(q > 0, ...): a class with no target mass contributes 0 even if log p is -inf.
+    per_token = -torch.where(q > 0, q * log_probs, 0.0).sum(dim=-1)  # [...]; 0 at padded positions
+    n_tokens = (target != pad_id).sum()
+    # Average over real tokens only, so padding changes neither the loss nor its scale.
+    return per_token.sum() / n_tokens.clamp(min=1)
+
+
 class LabelSmoothingLoss(nn.Module):
     """Cross-entropy H(q, p) = -sum_v q_v log p_v, averaged over the non-<pad> targets, with q
     from `label_smoothed_targets` and log p the model's log-probabilities (the Generator's output).
@@ -81,12 +96,7 @@ class LabelSmoothingLoss(nn.Module):
         if log_probs.shape[:-1] != target.shape or log_probs.shape[-1] != self.vocab_size:
             raise ValueError(f"log_probs must be [..., vocab_size={self.vocab_size}] with the target's shape in front: "
                              f"got log_probs {list(log_probs.shape)}, target {list(target.shape)}")
-        q = label_smoothed_targets(target, self.vocab_size, self.smoothing, self.padding_idx, log_probs.dtype)
-        # where(q > 0, ...): a class with no target mass contributes 0 even if log p is -inf.
-        per_token = -torch.where(q > 0, q * log_probs, 0.0).sum(dim=-1)  # [...]
-        n_tokens = (target != self.padding_idx).sum()
-        # Average over real tokens only, so padding changes neither the loss nor its scale.
-        return per_token.sum() / n_tokens.clamp(min=1)
+        return label_smoothed_loss(log_probs, target, self.smoothing, self.padding_idx)
 
     def min_loss(self) -> float:
         """The smallest value the loss can take: the entropy H(q) of a smoothed target row."""
@@ -115,7 +125,7 @@ def noam_rate(step: int, d_model: int, warmup: int, factor: float = 1.0) -> floa
 
 
 def noam_lambda(d_model: int, warmup: int, factor: float = 1.0, total_steps: int | None = None,
-                cooldown: int = 0) -> Callable[[int], float]:
+                cooldown: int = 0, rate_fn: Callable[[int, int, int], float] | None = None) -> Callable[[int], float]:
     """The multiplier for torch.optim.lr_scheduler.LambdaLR. LambdaLR counts from 0 (it calls
     the function with 0 when it is built, before any step), the paper from 1: hence the + 1.
 
@@ -124,6 +134,9 @@ def noam_lambda(d_model: int, warmup: int, factor: float = 1.0, total_steps: int
     a run of a few hundred steps ends with a rate still high enough to keep the weights
     jumping between good solutions, and a short cool-down lets them settle (the paper
     gets a similar effect by averaging its last checkpoints).
+
+    rate_fn(step, d_model, warmup) replaces eq. 3 (chapter 07 passes the learner's own); the
+    result is multiplied by `factor`.
     """
     if cooldown:
         if total_steps is None or not 0 < cooldown <= total_steps:
@@ -131,7 +144,10 @@ def noam_lambda(d_model: int, warmup: int, factor: float = 1.0, total_steps: int
                              f"cooldown={cooldown}")
 
     def rate(step: int) -> float:
-        r = noam_rate(step + 1, d_model, warmup, factor)
+        if rate_fn is None:
+            r = noam_rate(step + 1, d_model, warmup, factor)
+        else:
+            r = factor * rate_fn(step + 1, d_model, warmup)
         if cooldown:
             r *= min(1.0, max(0.0, (total_steps - step) / cooldown))
         return r
@@ -140,7 +156,8 @@ def noam_lambda(d_model: int, warmup: int, factor: float = 1.0, total_steps: int
 
 
 def noam_scheduler(optimizer: torch.optim.Optimizer, d_model: int, warmup: int, factor: float = 1.0,
-                   total_steps: int | None = None, cooldown: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
+                   total_steps: int | None = None, cooldown: int = 0,
+                   rate_fn: Callable[[int, int, int], float] | None = None) -> torch.optim.lr_scheduler.LambdaLR:
     """LambdaLR following eq. 3 (with an optional linear cool-down, see noam_lambda).
     LambdaLR multiplies the optimizer's own lr by the rate, so build the optimizer with
     lr=1.0 (then `factor` scales the whole schedule)."""
@@ -148,7 +165,8 @@ def noam_scheduler(optimizer: torch.optim.Optimizer, d_model: int, warmup: int, 
         if group["lr"] != 1.0:
             raise ValueError(f"build the optimizer with lr=1.0 for noam_scheduler (LambdaLR multiplies it "
                              f"by the schedule), got lr={group['lr']}; use factor= to scale the schedule")
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, noam_lambda(d_model, warmup, factor, total_steps, cooldown))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, noam_lambda(d_model, warmup, factor, total_steps, cooldown,
+                                                                    rate_fn))
 
 
 # ---------------------------------------------------------------------------------------
@@ -197,9 +215,19 @@ class Seq2SeqBatch:
         return int((self.target != self.pad_id).sum())
 
 
-def prepare_batch(src: torch.Tensor, tgt: torch.Tensor, bos_id: int, pad_id: int) -> Seq2SeqBatch:
-    """Padded (src, tgt) ids -> the masks and the shifted decoder input."""
-    decoder_input, target = make_teacher_forcing_batch(tgt, bos_id, pad_id)
+def prepare_batch(src: torch.Tensor, tgt: torch.Tensor, bos_id: int, pad_id: int,
+                  teacher_forcing: Callable | None = None) -> Seq2SeqBatch:
+    """Padded (src, tgt) ids -> the masks and the shifted decoder input.
+
+    teacher_forcing(tgt, bos_id) -> (decoder_input, target) makes the shifted input (default:
+    make_teacher_forcing_batch; chapter 07 passes the learner's own). Either way, positions
+    whose target is <pad> then read <pad>, as make_teacher_forcing_batch(..., pad_id) does.
+    """
+    if teacher_forcing is None:
+        decoder_input, target = make_teacher_forcing_batch(tgt, bos_id, pad_id)
+    else:
+        decoder_input, target = teacher_forcing(tgt, bos_id)
+        decoder_input = decoder_input.masked_fill(target == pad_id, pad_id)
     src_mask = padding_mask(src, pad_id)  # [batch, 1, 1, S]
     tgt_mask = causal_mask(tgt.shape[1], device=tgt.device) & padding_mask(decoder_input, pad_id)  # [batch, 1, T, T]
     return Seq2SeqBatch(src, src_mask, decoder_input, target, tgt_mask, pad_id)
@@ -210,6 +238,27 @@ def prepare_batch(src: torch.Tensor, tgt: torch.Tensor, bos_id: int, pad_id: int
 # ---------------------------------------------------------------------------------------
 
 
+def train_step(model: nn.Module, batch: Seq2SeqBatch, loss_fn: Callable, optimizer: torch.optim.Optimizer,
+               scheduler=None, max_grad_norm: float | None = None) -> float:
+    """One update with teacher forcing; returns the batch's loss as a Python float.
+
+    The order matters: clear the old gradients (PyTorch adds new ones to them), forward on the
+    shifted decoder input, loss against the unshifted target, backward, clip the gradient's
+    norm (before the step, or it protects nothing), step the optimizer, then the scheduler
+    (which sets the learning rate of the *next* step).
+    """
+    optimizer.zero_grad(set_to_none=True)
+    log_probs = model(batch.src, batch.decoder_input, batch.src_mask, batch.tgt_mask)  # [batch, T, V]
+    loss = loss_fn(log_probs, batch.target)  # mean over the real target tokens
+    loss.backward()  # under DDP, this is where the ranks average their gradients
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    return loss.item()
+
+
 def _is_main_process() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
@@ -217,7 +266,8 @@ def _is_main_process() -> bool:
 def train(model: nn.Module, loader: Iterable, optimizer: torch.optim.Optimizer, loss_fn: Callable,
           epochs: int | None = None, steps: int | None = None, scheduler=None, *, bos_id: int = 1,
           pad_id: int = 0, max_grad_norm: float | None = None, progress: bool = True,
-          desc: str = "training") -> list[float]:
+          desc: str = "training", step_fn: Callable | None = None,
+          teacher_forcing: Callable | None = None) -> list[float]:
     """Train an encoder-decoder with teacher forcing; returns the loss of every step.
 
     `loader` yields padded (src, tgt) id tensors (or ready Seq2SeqBatch objects); `loss_fn`
@@ -227,7 +277,13 @@ def train(model: nn.Module, loader: Iterable, optimizer: torch.optim.Optimizer, 
     DistributedDataParallel and a loader with a DistributedSampler: the loop then reshuffles
     each epoch with sampler.set_epoch, shows its progress bar on rank 0 only, and records
     each rank's own loss (the gradients, not the losses, are averaged by DDP).
+
+    `step_fn(model, batch, loss_fn, optimizer, scheduler, max_grad_norm) -> loss` does one
+    update (default: `train_step`), and `teacher_forcing(tgt, bos_id) -> (decoder_input,
+    target)` shifts the targets (default: make_teacher_forcing_batch); chapter 07 passes the
+    learner's own functions.
     """
+    step_fn = train_step if step_fn is None else step_fn
     if (epochs is None) == (steps is None):
         raise ValueError(f"give exactly one of epochs= or steps=, got epochs={epochs}, steps={steps}")
     if len(loader) == 0:
@@ -244,17 +300,9 @@ def train(model: nn.Module, loader: Iterable, optimizer: torch.optim.Optimizer, 
             if hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         for batch in loader:
-            b = batch if isinstance(batch, Seq2SeqBatch) else prepare_batch(*batch, bos_id=bos_id, pad_id=pad_id)
-            log_probs = model(b.src, b.decoder_input, b.src_mask, b.tgt_mask)  # [batch, T, V]
-            loss = loss_fn(log_probs, b.target)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # under DDP, this is where the ranks average their gradients
-            if max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
-            history.append(loss.item())
+            b = batch if isinstance(batch, Seq2SeqBatch) else prepare_batch(*batch, bos_id=bos_id, pad_id=pad_id,
+                                                                            teacher_forcing=teacher_forcing)
+            history.append(float(step_fn(model, b, loss_fn, optimizer, scheduler, max_grad_norm)))
             bar.set_postfix(loss=f"{history[-1]:.3f}", refresh=False)
             bar.update(1)
             if len(history) == total:

@@ -10,8 +10,9 @@
 # # Chapter 01 — From static word vectors to contextual ones · 从静态词向量到上下文表示
 #
 # A neural network computes with numbers, so the first thing any language model does is turn each
-# word into a vector. For years the standard answer was a **static word vector** (word2vec, GloVe):
-# one fixed vector per word, learned once from a large text and then looked up. This chapter builds
+# word into a vector. For years the standard answer was a **static word vector** (word2vec, Mikolov
+# et al. 2013; GloVe, Pennington et al. 2014): one fixed vector per word, learned once from a large
+# text and then looked up. This chapter builds
 # such vectors with your own hands, finds out what they are good at, and then finds out where they
 # break: the word *apple* (苹果) is a fruit in "I ate an apple" and a company in "Apple held a launch
 # event", but a static table gives it a single vector for both.
@@ -27,17 +28,24 @@
 # 5. computed attention as **alignment** between a translation and its source;
 # 6. seen, with a timer and with gradients, why recurrent networks (RNNs) were replaced.
 #
-# Four exercises are autograded: `cooccurrence_counts`, `ppmi`, `cosine_similarity` and `alignment`.
-# When an answer is wrong, the test cell tells you which common mistake it looks like.
+# Five exercises are autograded: `cooccurrence_counts`, `ppmi`, `cosine_similarity`,
+# `contextual_vectors` and `alignment`. When an answer is wrong, the test cell tells you which common
+# mistake it looks like. After each test, one line says whether the rest of the chapter runs on
+# **your** function (once it passes) or on the library's reference (until then), so you can run the
+# whole notebook at any time; your answers carry the chapter as soon as they are right.
 
 # %%
+import copy
 import time
 
 import matplotlib.pyplot as plt
 import torch
 
+from transformer_lib.attention import scaled_dot_product_attention
+from transformer_lib.checks import exercise_summary, yours_or_reference
 from transformer_lib.checks.ch01 import (
     check_alignment,
+    check_contextual_vectors,
     check_cooccurrence_counts,
     check_cosine_similarity,
     check_ppmi,
@@ -50,7 +58,14 @@ from transformer_lib.corpus import (
     pydoc_tokens,
     tokenize,
 )
-from transformer_lib.static_vectors import StaticVectors, build_vocabulary, svd_vectors
+from transformer_lib.diagrams.ch01 import draw_encoder_decoder, draw_model_families, draw_rnn_vs_attention
+from transformer_lib.static_vectors import (
+    StaticVectors,
+    build_vocabulary,
+    fit_static_vectors,
+    nearest_neighbours,
+    svd_vectors,
+)
 
 torch.manual_seed(0)
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -123,13 +138,16 @@ print("the id of 'exception':", vocab.id("exception"))
 # With `window=1`, *to* has neighbours *be* (twice) and *not* (once), so row 0 is `[0, 2, 0, 1]`;
 # the cell after the test prints the whole matrix.
 #
-# <details><summary>Hint 1</summary>Start with <code>counts = torch.zeros(vocab_size, vocab_size)</code>. Loop over the positions
-# <code>i</code>, and for each one over <code>j</code> from <code>i - window</code> to <code>i + window</code>; skip <code>j == i</code> and the
-# <code>j</code> that fall outside the text.</details>
-# <details><summary>Hint 2</summary>Inside the loop: <code>counts[token_ids[i], token_ids[j]] += 1</code>. For speed you can instead loop over the
-# offset <code>d = 1..window</code> and add all pairs <code>(token_ids[:-d], token_ids[d:])</code> at once, in both directions, with
-# <code>counts.index_put_((a, b), torch.ones(len(a)), accumulate=True)</code>. (A plain <code>counts[a, b] += 1</code> on index tensors
-# counts a repeated pair only once!)</details>
+# <details><summary>Hint 1 — the idea</summary>Every pair of positions at distance 1 to <code>window</code> adds 1 to one
+# entry of the matrix: the row of the word at one position, the column of the word at the other. Visit each
+# pair from both ends and the matrix comes out symmetric by itself.</details>
+# <details><summary>Hint 2 — the plan</summary>Start from a <code>[vocab_size, vocab_size]</code> float32 tensor of zeros. The simplest
+# plan is two loops: positions <code>i</code>, then <code>j</code> from <code>i - window</code> to <code>i + window</code>, skipping
+# <code>j == i</code> and the <code>j</code> outside the text. A faster plan loops over the offset <code>d = 1..window</code> only:
+# <code>token_ids[:-d]</code> and <code>token_ids[d:]</code> are all the pairs at distance <code>d</code> (each <code>[n - d]</code>).
+# Careful: <code>counts[a, b] += 1</code> with index <em>tensors</em> counts a repeated pair once;
+# <code>index_put_(..., accumulate=True)</code> adds them up. (A plain double loop takes several seconds on the whole help
+# text below; the offset loop a few milliseconds.)</details>
 
 # %% nbgrader={"grade": false, "grade_id": "cooccurrence_counts", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def cooccurrence_counts(token_ids: torch.Tensor, vocab_size: int, window: int) -> torch.Tensor:
@@ -151,24 +169,24 @@ def cooccurrence_counts(token_ids: torch.Tensor, vocab_size: int, window: int) -
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "cooccurrence_counts_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "cooccurrence_counts_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_cooccurrence_counts(cooccurrence_counts)
 ### BEGIN HIDDEN TESTS
 check_cooccurrence_counts(cooccurrence_counts, hidden=True)
 ### END HIDDEN TESTS
 
 # %%
-print(cooccurrence_counts(torch.tensor([0, 1, 2, 3, 0, 1]), vocab_size=4, window=1))
-
-# %% [markdown]
-# Now on the whole help text, with a window of 4 words on each side. (From here on the chapter uses
-# the library's reference, so it runs even if your answer is unfinished.)
+cooccurrence_counts_impl = yours_or_reference(cooccurrence_counts, check_cooccurrence_counts)
 
 # %%
-from transformer_lib.static_vectors import cooccurrence_counts  # the reference: the rest of the chapter runs even if your answer is unfinished
+print(cooccurrence_counts_impl(torch.tensor([0, 1, 2, 3, 0, 1]), vocab_size=4, window=1))
 
+# %% [markdown]
+# Now on the whole help text, with a window of 4 words on each side.
+
+# %%
 WINDOW = 4
-counts = cooccurrence_counts(token_ids, len(vocab), WINDOW)  # [V, V]
+counts = cooccurrence_counts_impl(token_ids, len(vocab), WINDOW)  # [V, V]
 n = len(token_ids)
 print("counts:", list(counts.shape), "| symmetric:", torch.equal(counts, counts.T))
 print(f"total counts {counts.sum().item():.0f}  vs  2 * (w*n - w*(w+1)/2) = {2 * (WINDOW * n - WINDOW * (WINDOW + 1) // 2)}")
@@ -222,11 +240,13 @@ for word in ["exception", "true"]:
 # Worked example: `counts = [[2, 0], [0, 2]]` has $N = 4$ and all row and column sums 2, so
 # $\mathrm{PPMI}_{00} = \log(2 \cdot 4 / (2 \cdot 2)) = \log 2 \approx 0.6931$ and the off-diagonal entries are 0.
 #
-# <details><summary>Hint 1</summary>Row sums with <code>counts.sum(dim=1, keepdim=True)</code> (shape <code>[V, 1]</code>), column sums with
-# <code>counts.sum(dim=0, keepdim=True)</code> (shape <code>[1, C]</code>); broadcasting then gives every <code>(a, b)</code> its pair of sums.</details>
-# <details><summary>Hint 2</summary>Make the ratio safe <em>before</em> the log:
-# <code>ratio = torch.where(counts > 0, counts * total / (row * col), 1.0)</code> (log 1 = 0), then
-# <code>torch.log(ratio).clamp_min(0)</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>Three sums and broadcasting: the total $N$ is one number, the row sums
+# form a column <code>[V, 1]</code> and the column sums a row <code>[1, C]</code>, so <code>row * col</code> is <code>[V, C]</code> and
+# gives every entry its pair of sums. The only difficulty is the zeros.</details>
+# <details><summary>Hint 2 — the plan</summary>(1) <code>row = counts.sum(dim=1, keepdim=True)</code>, and the same for the columns
+# with <code>dim=0</code>. (2) Build the ratio inside the log, but where <code>counts == 0</code> put 1 instead
+# (<code>torch.where</code>), <em>before</em> taking the log: log 1 = 0, and no 0/0 or log 0 ever happens. (3) Clip the
+# result below at 0.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "ppmi", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def ppmi(counts: torch.Tensor) -> torch.Tensor:
@@ -241,19 +261,20 @@ def ppmi(counts: torch.Tensor) -> torch.Tensor:
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "ppmi_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "ppmi_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_ppmi(ppmi)
 ### BEGIN HIDDEN TESTS
 check_ppmi(ppmi, hidden=True)
 ### END HIDDEN TESTS
 
 # %%
-print(ppmi(torch.tensor([[2.0, 0.0], [0.0, 2.0]])))
+ppmi_impl = yours_or_reference(ppmi, check_ppmi)
 
 # %%
-from transformer_lib.static_vectors import ppmi  # the reference: the rest of the chapter runs even if your answer is unfinished
+print(ppmi_impl(torch.tensor([[2.0, 0.0], [0.0, 2.0]])))
 
-association = ppmi(counts)  # [V, V]
+# %%
+association = ppmi_impl(counts)  # [V, V]
 for word in ["exception", "true"]:
     print(f"{word:>9}, by PPMI:", top_contexts(association, word))
 
@@ -306,9 +327,12 @@ print("the vector of 'list' starts with", vectors[vocab.id("list"), :5])
 # Worked example: `a = [[1, 0], [1, 1]]`, `b = [[2, 0], [0, 3], [0, 0]]` gives
 # `[[1, 0, 0], [0.7071, 0.7071, 0]]`.
 #
-# <details><summary>Hint 1</summary>Normalise first: divide every row by its length, <code>a.norm(dim=-1, keepdim=True)</code>. Then
-# all the cosines are one matrix product.</details>
-# <details><summary>Hint 2</summary><code>a_unit @ b_unit.transpose(-2, -1)</code> (<code>.T</code> would also swap the batch dimensions).</details>
+# <details><summary>Hint 1 — the idea</summary>Normalise first: once every row has length 1, the cosine is just the dot
+# product, and all $N \times M$ dot products are one matrix product.</details>
+# <details><summary>Hint 2 — the plan</summary>Divide each row by its length, <code>a.norm(dim=-1, keepdim=True)</code> (shape
+# <code>[..., N, 1]</code>, clamped to at least <code>1e-8</code>); the same for <code>b</code>. Then multiply
+# <code>[..., N, d]</code> by <code>b</code>'s unit rows with their last two dimensions swapped, <code>[..., d, M]</code>: use
+# <code>.transpose(-2, -1)</code>, because <code>.T</code> would also reverse the batch dimensions.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "cosine_similarity", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def cosine_similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -320,14 +344,17 @@ def cosine_similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "cosine_similarity_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "cosine_similarity_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_cosine_similarity(cosine_similarity)
 ### BEGIN HIDDEN TESTS
 check_cosine_similarity(cosine_similarity, hidden=True)
 ### END HIDDEN TESTS
 
 # %%
-print(cosine_similarity(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([[2.0, 0.0], [0.0, 3.0], [0.0, 0.0]])))
+cosine_similarity_impl = yours_or_reference(cosine_similarity, check_cosine_similarity)
+
+# %%
+print(cosine_similarity_impl(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([[2.0, 0.0], [0.0, 3.0], [0.0, 0.0]])))
 
 # %% [markdown]
 # ### 1.6 What did the vectors learn?
@@ -336,10 +363,13 @@ print(cosine_similarity(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([[2
 # words will be nearest to *true*? To *class*?
 
 # %%
-from transformer_lib.static_vectors import cosine_similarity  # the reference: the rest of the chapter runs even if your answer is unfinished
+def nearest(table: StaticVectors, word: str, k: int) -> list[tuple[str, float]]:
+    """The k words with the highest cosine to `word` (itself excluded), by cosine_similarity_impl."""
+    return nearest_neighbours(table.vectors, table.vocab, word, k, similarity=cosine_similarity_impl)
+
 
 for word in ["true", "class", "list", "exception", "loop", "dictionary"]:
-    neighbours = ", ".join(f"{w} {s:.2f}" for w, s in static.nearest(word, 5))
+    neighbours = ", ".join(f"{w} {s:.2f}" for w, s in nearest(static, word, 5))
     print(f"{word:>11}: {neighbours}")
 
 # %% [markdown]
@@ -404,12 +434,12 @@ print(f"{len(company_sentences)} company sentences, {sum('apple' in tokenize(s) 
 
 # %% [markdown]
 # The same pipeline as in section 1 (counts in a window of 3 words, inside each sentence; PPMI;
-# SVD to 16 dimensions) is wrapped in one library function, `fit_static_vectors`.
+# SVD to 16 dimensions) is wrapped in one library function, `fit_static_vectors`. We hand it the
+# counting and PPMI functions to use: yours, once they pass their checks.
 
 # %%
-from transformer_lib.static_vectors import fit_static_vectors
-
-apple_table = fit_static_vectors([tokenize(s) for s in sentences], dim=16, window=3)
+apple_table = fit_static_vectors([tokenize(s) for s in sentences], dim=16, window=3,
+                                 counts_fn=cooccurrence_counts_impl, ppmi_fn=ppmi_impl)
 print(f"{len(apple_table.vocab)} words; 'apple' occurs {apple_table.vocab.counts[apple_table.vocab.id('apple')]} times")
 
 FRUIT = ["banana", "peach", "cherry", "plum"]
@@ -418,10 +448,11 @@ COMPANY = ["google", "samsung", "intel", "nokia"]
 
 def sense_table(table: StaticVectors, words: list[str]):
     """Cosine of each word with the fruit words and with the company words."""
+    probes = torch.stack([table[w] for w in FRUIT + COMPANY])  # [8, 16]
     print(f"{'':>10} | " + " ".join(f"{w:>8}" for w in FRUIT + COMPANY))
     for word in words:
-        sims = [table.similarity(word, other) for other in FRUIT + COMPANY]
-        print(f"{word:>10} | " + " ".join(f"{s:8.2f}" for s in sims))
+        sims = cosine_similarity_impl(table[word][None], probes)[0]  # [8]
+        print(f"{word:>10} | " + " ".join(f"{s:8.2f}" for s in sims.tolist()))
 
 
 sense_table(apple_table, ["pear", "microsoft", "apple"])
@@ -432,7 +463,7 @@ sense_table(apple_table, ["pear", "microsoft", "apple"])
 # two senses:
 
 # %%
-print(", ".join(f"{w} {s:.2f}" for w, s in apple_table.nearest("apple", 8)))
+print(", ".join(f"{w} {s:.2f}" for w, s in nearest(apple_table, "apple", 8)))
 
 # %% [markdown]
 # A map makes this visible. Its two axes are meanings: the horizontal position of a word is its
@@ -448,7 +479,7 @@ centres = torch.stack([fruit_centre, company_centre])  # [2, 16]
 
 def sense_coordinates(v: torch.Tensor) -> list[float]:
     """[cosine with the fruit centre, cosine with the company centre] of a vector [16]."""
-    return cosine_similarity(v[None], centres)[0].tolist()
+    return cosine_similarity_impl(v[None], centres)[0].tolist()
 
 
 def sense_map(ax, title: str):
@@ -487,21 +518,68 @@ plt.show()
 # sets of neighbours, so it gets two different vectors.
 #
 # This is self-attention in its simplest form: no learned parameters yet (chapter 02 adds them).
-# Here are the weights with which *apple* looks at each of two sentences it has never seen:
+
+# %% [markdown]
+# ### Exercise 4 — `contextual_vectors`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
+#
+# Write `contextual_vectors(vectors, sharpness)`: every word of a sentence takes in the static vectors of
+# the sentence, weighted by attention.
+#
+# * `vectors`: `[..., L, d]`, the static vectors of the $L$ words of a sentence (possibly a batch of sentences);
+# * `sharpness`: the number $s$ that multiplies the cosines;
+# * returns `[..., L, d]`: row $i$ is $x'_i = \sum_j \alpha_{ij} x_j$, with the weights $\alpha_{ij}$ of the formula above.
+#
+# The cosines only *choose* the weights; the average is taken of the static vectors themselves. The
+# softmax must be stable for a large sharpness (subtract each row's maximum before `exp`, or use
+# `torch.softmax`). You may call `cosine_similarity_impl`, the cosine of exercise 3 (yours, or the reference
+# until yours passes).
+#
+# Worked example: three words with vectors `[[1, 0], [0, 1], [1, 0]]` and `sharpness = 1`. The cosines of
+# word 0 with the sentence are `[1, 0, 1]`, whose softmax is `[0.4223, 0.1554, 0.4223]`, so word 0 becomes
+# `0.4223·[1, 0] + 0.1554·[0, 1] + 0.4223·[1, 0] = [0.8446, 0.1554]`. The whole answer is
+# `[[0.8446, 0.1554], [0.4239, 0.5761], [0.8446, 0.1554]]`.
+#
+# <details><summary>Hint 1 — the idea</summary>Three steps, each a line: the cosines of the sentence with itself, a softmax
+# that turns each word's row of scores into weights, and a matrix product that mixes the vectors.</details>
+# <details><summary>Hint 2 — the plan</summary>Scores: $s$ times the cosines of <code>vectors</code> with <code>vectors</code>,
+# shape <code>[..., L, L]</code> (row $i$: how similar word $i$ is to each word). Weights: softmax over the last dimension, so
+# each row sums to 1. Output: the weights <code>[..., L, L]</code> times the static vectors <code>[..., L, d]</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "contextual_vectors", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def contextual_vectors(vectors: torch.Tensor, sharpness: float) -> torch.Tensor:
+    """Attention-weighted averages of a sentence's static vectors: [..., L, d] -> [..., L, d]."""
+    ### BEGIN SOLUTION
+    scores = sharpness * cosine_similarity_impl(vectors, vectors)  # [..., L, L]
+    weights = torch.softmax(scores, dim=-1)  # [..., L, L], each row sums to 1
+    return weights @ vectors  # [..., L, d]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "contextual_vectors_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_contextual_vectors(contextual_vectors)
+### BEGIN HIDDEN TESTS
+check_contextual_vectors(contextual_vectors, hidden=True)
+### END HIDDEN TESTS
 
 # %%
-from transformer_lib.attention import scaled_dot_product_attention
-from transformer_lib.static_vectors import contextual_vectors
+contextual_vectors_impl = yours_or_reference(contextual_vectors, check_contextual_vectors)
 
+# %%
+print(contextual_vectors_impl(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]), 1.0))
+
+# %% [markdown]
+# Now *apple* in two sentences it has never seen. For each sentence we print the weights with which
+# *apple* takes in the words around it (row *apple* of the softmax), and keep its contextual vector:
+
+# %%
 SHARPNESS = 2.0
 contextual_apple = {}
 for sentence in [APPLE_FRUIT_SENTENCE, APPLE_COMPANY_SENTENCE]:
     words = tokenize(sentence)
     x = torch.stack([apple_table[w] for w in words])  # [L, 16] static vectors
-    unit = x / x.norm(dim=-1, keepdim=True)  # dot products of unit vectors are cosines
-    # scores s * cos(x_i, x_j), softmax over j, then the weighted sum of the static vectors
-    mixed, weights = scaled_dot_product_attention(unit, unit, x, scale=SHARPNESS)  # [L, 16], [L, L]
-    torch.testing.assert_close(mixed, contextual_vectors(x, sharpness=SHARPNESS))  # the library's version
+    weights = torch.softmax(SHARPNESS * cosine_similarity_impl(x, x), dim=-1)  # [L, L], for display
+    mixed = contextual_vectors_impl(x, SHARPNESS)  # [L, 16]
     i = words.index("apple")
     print(" ".join(f"{w}:{a:.2f}" for w, a in zip(words, weights[i].tolist())))
     contextual_apple[sentence] = mixed[i]  # [16]
@@ -544,25 +622,16 @@ plt.show()
 # ## 4. The big picture: the Transformer's architecture · 整体架构
 #
 # Before the details of the next chapters, a look at the whole building. The original Transformer
-# (Vaswani et al., 2017) was built for translation and has two halves, each a stack of $N$ identical
-# layers ($N = 6$ in the paper):
-#
-# ```
-#                                             next-word probabilities
-#                                                      ▲
-#                                               Linear + softmax
-#                                                      ▲
-#        ┌──────────── × N ────────────┐   ┌──────────── × N ────────────┐
-#        │  feed-forward network       │   │  feed-forward network       │
-#        │  self-attention             │──▶│  encoder–decoder attention  │
-#        │  (every word sees all)      │   │  masked self-attention      │
-#        └─────────────▲───────────────┘   └─────────────▲───────────────┘
-#           embedding + position             embedding + position
-#                      ▲                                 ▲
-#            source: "je suis étudiant"      target so far: "I am"
-#                 ENCODER (理解)                   DECODER (生成)
-# ```
-#
+# (Vaswani et al., 2017) was built for translation and has two halves. The **encoder** (理解, understanding)
+# reads the source sentence; the **decoder** (生成, generation) writes the translation one word at a time.
+# Each half is a stack of $N$ identical layers ($N = 6$ in the paper), and every decoder layer reads the
+# encoder's output through **cross-attention**. Below, with this chapter's translation example:
+
+# %%
+draw_encoder_decoder()
+plt.show()
+
+# %% [markdown]
 # (Each sub-layer is also wrapped in a residual connection and a layer normalisation, chapter 05.)
 # The figure splits into four questions, which the next chapters answer one by one:
 #
@@ -573,41 +642,11 @@ plt.show()
 # 4. **What comes out?** The decoder produces one word at a time; a linear layer and a softmax turn its
 #    last vector into a probability for each vocabulary word (chapters 06, 07).
 #
-# Later models kept one half or both. Three families:
+# Later models kept one half or both (Prince, *Understanding Deep Learning*, 2023, chapter 12, walks
+# through all three). Three families:
 
 # %%
-ENCODER, DECODER = "#cfe2f3", "#fce5cd"  # box colours
-
-
-def stack(ax, x, width, title, lines, colour, below, above=None):
-    """A box for a stack of layers at horizontal position x, with what goes in and comes out."""
-    ax.add_patch(plt.Rectangle((x, 2), width, 3, facecolor=colour, edgecolor="k"))
-    ax.text(x + width / 2, 4.7, title, ha="center", va="top", fontsize=9, weight="bold")
-    for k, line in enumerate(lines):
-        ax.text(x + width / 2, 4.05 - 0.45 * k, line, ha="center", va="top", fontsize=8)
-    middle = x + width / 2
-    ax.annotate("", xy=(middle, 2), xytext=(middle, 0.9), arrowprops=dict(arrowstyle="->"))
-    ax.text(middle, 0.5, below, ha="center", fontsize=8)
-    if above:
-        ax.annotate("", xy=(middle, 6), xytext=(middle, 5), arrowprops=dict(arrowstyle="->"))
-        ax.text(middle, 6.2, above, ha="center", fontsize=8)
-
-
-fig, axes = plt.subplots(1, 3, figsize=(8, 3.6))
-for ax, title in zip(axes, ["Encoder-only (BERT)", "Decoder-only (GPT)", "Encoder-decoder (Transformer)"]):
-    ax.set_xlim(0, 6)
-    ax.set_ylim(0, 7)
-    ax.axis("off")
-    ax.set_title(title, fontsize=9)
-stack(axes[0], 1, 4, "Encoder x N", ["self-attention:", "sees the whole input", "+ feed-forward"],
-      ENCODER, below="a sentence", above="a vector per token")
-stack(axes[1], 1, 4, "Decoder x N", ["masked self-attention:", "sees only the past", "+ feed-forward"],
-      DECODER, below="text so far", above="next token")
-stack(axes[2], 0.1, 2.7, "Encoder x N", ["self-", "attention", "+ FFN"], ENCODER, below="source")
-stack(axes[2], 3.2, 2.7, "Decoder x N", ["masked self-", "+ cross-", "attention", "+ FFN"], DECODER,
-      below="target so far", above="next token")
-axes[2].annotate("", xy=(3.2, 3.5), xytext=(2.8, 3.5), arrowprops=dict(arrowstyle="->"))  # cross-attention
-plt.tight_layout()
+draw_model_families()
 plt.show()
 
 # %% [markdown]
@@ -615,7 +654,7 @@ plt.show()
 # |---|---|---|---|
 # | encoder-only | self-attention over the whole input | understanding: classify, tag, find an answer span | BERT (ch. 09), ViT (ch. 12) |
 # | decoder-only | masked self-attention (only the past) | generation: continue a text | GPT (ch. 10) |
-# | encoder–decoder | both, plus cross-attention | turn one sequence into another: translate, summarise | original Transformer, T5 (ch. 07) |
+# | encoder–decoder | both, plus cross-attention | turn one sequence into another: translate, summarise | the original Transformer; T5 (Raffel et al., 2020); the small model trained in chapter 07 has this shape |
 #
 # Inside these stacks, attention comes in three kinds, which differ in where the queries, keys and
 # values come from, and which positions may be seen (chapter 06 builds the masks):
@@ -647,7 +686,7 @@ plt.show()
 # between target and source words. The context vector $c_t$ is what it reads there.
 
 # %% [markdown]
-# ### Exercise 4 — `alignment`
+# ### Exercise 5 — `alignment`
 # > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
 #
 # Write `alignment(decoder_states, encoder_states)` returning the tuple `(context, weights)`.
@@ -664,8 +703,12 @@ plt.show()
 # Scores can be large: compute the softmax stably (subtract each row's maximum before `exp`, or use
 # `torch.softmax`).
 #
-# <details><summary>Hint 1</summary>All scores at once: <code>decoder_states @ encoder_states.transpose(-2, -1)</code> has shape <code>[..., T, S]</code>.</details>
-# <details><summary>Hint 2</summary><code>weights = torch.softmax(scores, dim=-1)</code>, then <code>context = weights @ encoder_states</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>The same three steps as in exercise 4, now between two sentences: scores
+# of every target position against every source position, a softmax per target position, a weighted sum of
+# the encoder states.</details>
+# <details><summary>Hint 2 — the plan</summary>All scores at once: <code>decoder_states @ encoder_states.transpose(-2, -1)</code>,
+# shape <code>[..., T, S]</code>. The softmax runs over the source positions, the last dimension. Then <code>[..., T, S]</code> times
+# <code>[..., S, d]</code> gives the contexts <code>[..., T, d]</code>; return them first, the weights second.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "alignment", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def alignment(decoder_states: torch.Tensor, encoder_states: torch.Tensor):
@@ -682,19 +725,22 @@ def alignment(decoder_states: torch.Tensor, encoder_states: torch.Tensor):
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "alignment_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "alignment_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_alignment(alignment)
 ### BEGIN HIDDEN TESTS
 check_alignment(alignment, hidden=True)
 ### END HIDDEN TESTS
 
 # %%
-context, weights = alignment(torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+alignment_impl = yours_or_reference(alignment, check_alignment)
+
+# %%
+context, weights = alignment_impl(torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
 print("weights", weights, "\ncontext", context)
 
 # %% [markdown]
 # This is exactly the attention of the Transformer, minus the $1/\sqrt{d}$ scale: the library's
-# `alignment` is one line, `scaled_dot_product_attention(decoder_states, encoder_states, encoder_states, scale=1.0)`.
+# reference `alignment` is one line, `scaled_dot_product_attention(decoder_states, encoder_states, encoder_states, scale=1.0)`.
 #
 # To see an alignment we need encoder and decoder states that mean something. A trained translation
 # model would learn them; here we build them by hand. Each of 5 dimensions stands for one meaning
@@ -704,8 +750,6 @@ print("weights", weights, "\ncontext", context)
 # it honest.
 
 # %%
-from transformer_lib.static_vectors import alignment  # the reference: the rest of the chapter runs even if your answer is unfinished
-
 english = ["she", "is", "eating", "a", "green", "apple"]
 french = ["elle", "mange", "une", "pomme", "verte"]
 #                        person  eat  article  green  apple
@@ -720,7 +764,7 @@ encoder_states = meanings + 0.05 * torch.randn(6, 5, generator=g)  # [S=6, 5]
 target_meaning = [0, 1, 2, 4, 3]  # elle=person, mange=eat, une=article, pomme=apple, verte=green
 decoder_states = 3.0 * torch.eye(5)[target_meaning] + 0.05 * torch.randn(5, 5, generator=g)  # [T=5, 5]
 
-context, weights = alignment(decoder_states, encoder_states)  # [5, 5], [5, 6]
+context, weights = alignment_impl(decoder_states, encoder_states)  # [5, 5], [5, 6]
 print("weights (rows: French words, columns: English words):")
 print(weights)
 print("each row sums to", weights.sum(dim=-1))
@@ -751,14 +795,22 @@ plt.show()
 #
 # ## 6. Why not a recurrent network? Slow and forgetful · RNN 的两个短板
 #
-# Before the Transformer, sequences were read by **recurrent neural networks** (RNNs, and their gated
-# versions LSTM and GRU). An RNN reads one token at a time and keeps a **hidden state** $h_t$, updated by
+# Before the Transformer, sequences were read by **recurrent neural networks** (RNNs, Elman 1990, and their
+# gated versions LSTM, Hochreiter & Schmidhuber 1997, and GRU, Cho et al. 2014). An RNN reads one token at a
+# time and keeps a **hidden state** $h_t$, updated by
 #
 # $$h_t = \tanh(W_x x_t + W_h h_{t-1} + b).$$
 #
-# Two problems follow from that one equation.
-#
-# ### 6.1 Slow: step $t$ must wait for step $t-1$
+# Two problems follow from that one equation. The picture shows both: on the left, the chain of states
+# the RNN must walk through; on the right, one layer of self-attention, where every output is wired
+# directly to every input.
+
+# %%
+draw_rnn_vs_attention()
+plt.show()
+
+# %% [markdown]
+# ### 6.1 Slow: each step waits for the one before
 #
 # $h_t$ needs $h_{t-1}$, which needs $h_{t-2}$, ...: a chain of $L$ steps that cannot run in parallel, however
 # many processor cores are available. Self-attention compares every position with every other in one
@@ -775,8 +827,7 @@ for L in [8, 64, 512, 4096]:
 # A small timing on this machine's CPU (the numbers vary from run to run; on a GPU, which runs thousands of
 # operations at once, the gap is far larger):
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 rnn_cell = torch.nn.RNNCell(64, 64)
 
 
@@ -868,6 +919,39 @@ plt.show()
 # every other: apart from the last token itself (which also asks the question, as the query), its curve
 # has no trend with distance.
 #
+# How much of the printed factor, 0.53, is "the RNN" and how much the numbers it started from? It belongs to
+# this particular, untrained network. PyTorch initialises every weight of `torch.nn.RNN` uniformly in
+# $\pm 1/\sqrt{H}$, here $\pm 1/\sqrt{32} \approx \pm 0.18$; such a small $W_h$ shrinks the signal at every step.
+# Another initialisation, or the weights that training arrives at, decay at a different rate, and can even
+# make the influence grow with distance (the *exploding gradient* problem; Bengio et al. 1994 and Pascanu
+# et al. 2013 analyse both). The same network, with only $W_h$ changed:
+
+# %%
+def per_step_factor(network: torch.nn.RNN) -> float:
+    """The average factor by which the influence of x_t on h_L changes per step of distance."""
+    def last_state(x):  # [L, D] -> [H]
+        return network(x[None])[0][0, -1]
+
+    norms = torch.autograd.functional.jacobian(last_state, x).pow(2).sum(dim=(0, 2)).sqrt()  # [L]
+    return ((norms[0] / norms[-1]) ** (1 / (L - 1))).item()
+
+
+variants = {}
+for label, scale in [("PyTorch's default: uniform in ±1/sqrt(H)", 1.0), ("the same W_h times 2", 2.0),
+                     ("the same W_h times 4", 4.0)]:
+    variants[label] = copy.deepcopy(rnn)
+    with torch.no_grad():
+        variants[label].weight_hh_l0.mul_(scale)
+variants["a random orthogonal W_h"] = copy.deepcopy(rnn)
+torch.nn.init.orthogonal_(variants["a random orthogonal W_h"].weight_hh_l0, generator=torch.Generator().manual_seed(0))
+for label, network in variants.items():
+    print(f"{label:>42}: influence multiplied by {per_step_factor(network):.2f} per step")
+
+# %% [markdown]
+# Below 1 the early tokens fade, above 1 they swamp the rest, and training has to find its way between the
+# two. Gated networks (LSTM, GRU) were designed to keep that factor near 1, but a single chain of steps
+# remains the only road from the first token to the last.
+#
 # This is the deal the Transformer makes: drop recurrence entirely, let attention connect any two positions
 # directly, compute all positions in parallel — and give back the word order that recurrence provided for
 # free with **positional encodings** (chapter 04).
@@ -885,14 +969,25 @@ plt.show()
 # * Attention started as **alignment**: score each encoder state against the decoder state, softmax,
 #   and read a weighted average, the context vector.
 # * RNNs are **slow** ($L$ sequential steps) and **forgetful** (influence decays exponentially with
-#   distance); attention is one parallel step and one hop between any two positions.
+#   distance, at a rate set by the weights: PyTorch's default initialisation gives about 0.5 per step
+#   here); attention is one parallel step and one hop between any two positions.
 #
 # ## What's next
 #
 # In this chapter, attention compared raw word vectors. Chapter 02 gives every token three learned roles —
 # **query, key and value** — scales the scores by $1/\sqrt{d_k}$ and finds out why, and writes self-attention
 # for a whole sentence in three matrix products.
+
+# %% [markdown]
+# ## Where you stand
 #
+# Which of this chapter's exercises pass (the line for an exercise you have not checked yet says so):
+
+# %%
+exercise_summary(check_cooccurrence_counts, check_ppmi, check_cosine_similarity, check_contextual_vectors,
+                 check_alignment)
+
+# %% [markdown]
 # ## Glossary · 术语表
 #
 # | English | 中文 | meaning |
@@ -914,3 +1009,4 @@ plt.show()
 # | context vector | 上下文向量 | the attention-weighted average of the encoder states |
 # | recurrent neural network (RNN) | 循环神经网络 | reads a sequence one step at a time through a hidden state |
 # | vanishing gradient | 梯度消失 | gradients that shrink exponentially over many steps, so early inputs stop being learned from |
+# | exploding gradient | 梯度爆炸 | gradients that grow exponentially over many steps, so training becomes unstable |

@@ -22,7 +22,7 @@
 # 3. **The $\sqrt{d_k}$ scale** — why the scores are divided, *measured* rather than asserted.
 # 4. **Softmax** — scores become weights that sum to one (and how to compute it without overflow).
 # 5. **The weighted sum** — and the mask that hides keys a query must not see.
-# 6. **A worked toy example** from the source documents, checked number by number.
+# 6. **A worked toy example** (Raimi Karim's, 2019), checked number by number.
 # 7. **The matrix form** — the whole sentence in three matrix products.
 # 8. **Permutation equivariance** — what attention does *not* know about word order.
 # 9. **An attention heatmap** of a small sentence.
@@ -36,6 +36,10 @@
 # $$\mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{Q K^\top}{\sqrt{d_k}}\right) V$$
 #
 # By the end of the chapter every symbol in it will be something you have computed yourself.
+#
+# Later cells use your functions once they pass their checks. Until then, the cell after each test says
+# so and hands the rest of the chapter the library's version, so you can run everything top to bottom
+# whatever you have finished.
 
 # %%
 import math
@@ -43,6 +47,7 @@ import math
 import matplotlib.pyplot as plt
 import torch
 
+from transformer_lib.checks import exercise_summary, yours_or_reference
 from transformer_lib.checks.ch02 import (
     check_attention_scores,
     check_project_qkv,
@@ -50,9 +55,21 @@ from transformer_lib.checks.ch02 import (
     check_self_attention,
     check_softmax,
 )
+from transformer_lib.diagrams.ch02 import draw_qkv_flow
 
 torch.manual_seed(0)
 torch.set_printoptions(precision=4, sci_mode=False)
+
+# %% [markdown]
+# Here is the whole computation for one token $i$, as a map of the chapter. Its embedding $x_i$ is projected
+# three ways, into a query $q_i$, a key $k_i$ and a value $v_i$. Every other token $j$ makes its key and value the
+# same way. The query is compared with every key (one dot product per key), the scores are divided by
+# $\sqrt{d_k}$, and a softmax turns them into weights that sum to one. The new vector $z_i$ is the weighted sum
+# of all the values. Sections 1 to 5 build these boxes one at a time.
+
+# %%
+draw_qkv_flow()
+plt.show()
 
 # %% [markdown]
 # ## 1. Three roles for every token: query, key, value
@@ -91,8 +108,8 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # Worked example: with the toy matrices of section 6, the first token $x_1 = [1, 0, 1, 0]$ gets the query
 # $x_1 W^Q = [1, 0, 2]$.
 #
-# <details><summary>Hint 1</summary>The <code>@</code> operator multiplies the last two dimensions and broadcasts the rest, so batch dimensions take care of themselves.</details>
-# <details><summary>Hint 2</summary><code>return x @ w_q, x @ w_k, x @ w_v</code> — in that order.</details>
+# <details><summary>Hint 1 — the idea</summary>Each role is one matrix product of the same input. The <code>@</code> operator multiplies the last two dimensions and broadcasts the rest, so batch dimensions take care of themselves.</details>
+# <details><summary>Hint 2 — the plan</summary>Three products, one per matrix, each <code>[..., seq, d_model] @ [d_model, d_out]</code> → <code>[..., seq, d_out]</code>. The first is <code>q = x @ w_q</code>; return the tuple in the order queries, keys, values.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "project_qkv", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def project_qkv(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor):
@@ -109,21 +126,22 @@ def project_qkv(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torc
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "project_qkv_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "project_qkv_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_project_qkv(project_qkv)
 ### BEGIN HIDDEN TESTS
 check_project_qkv(project_qkv, hidden=True)
 ### END HIDDEN TESTS
 
+# %%
+project_qkv_impl = yours_or_reference(project_qkv, check_project_qkv)
+
 # %% [markdown]
-# Here are the matrices of the toy example we will work through in section 6: three tokens with
-# $d_{model} = 4$ features, projected to $d_k = d_v = 3$. (Document 003 §2 gives the inputs and $W^Q$, $W^K$;
-# its extracted text cuts off the third input, $[1, 1, 1, 1]$, and leaves out $W^V$: both are
-# completed here, and section 6 shows they reproduce the document's result.)
+# Here are the matrices of the toy example we will work through in section 6, from Raimi Karim's article
+# "Illustrated: Self-Attention" (Towards Data Science, 2019): three tokens with $d_{model} = 4$ features,
+# projected to $d_k = d_v = 3$. The three inputs, $W^Q$ and $W^K$ are the article's; $W^V$ is our choice, and
+# section 6 shows that with it we reproduce the article's result.
 
 # %%
-from transformer_lib.attention import project_qkv  # the reference: the rest of the chapter runs even if your answer is unfinished
-
 x_toy = torch.tensor([[1.0, 0.0, 1.0, 0.0],   # token 1
                       [0.0, 2.0, 0.0, 2.0],   # token 2
                       [1.0, 1.0, 1.0, 1.0]])  # token 3      [seq=3, d_model=4]
@@ -131,7 +149,7 @@ w_q_toy = torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0,
 w_k_toy = torch.tensor([[0.0, 0.0, 1.0], [1.0, 1.0, 0.0], [0.0, 1.0, 0.0], [1.0, 1.0, 0.0]])  # [4, 3]
 w_v_toy = torch.tensor([[0.0, 2.0, 0.0], [0.0, 3.0, 0.0], [1.0, 0.0, 3.0], [1.0, 1.0, 0.0]])  # [4, 3]
 
-Q_toy, K_toy, V_toy = project_qkv(x_toy, w_q_toy, w_k_toy, w_v_toy)
+Q_toy, K_toy, V_toy = project_qkv_impl(x_toy, w_q_toy, w_k_toy, w_v_toy)
 print("queries Q =\n", Q_toy)
 print("keys    K =\n", K_toy)
 print("values  V =\n", V_toy)
@@ -147,9 +165,9 @@ print("values  V =\n", V_toy)
 # they disagree. For a whole sentence, all the pairs at once form a matrix product, $S = Q K^\top$, of shape
 # `[L_q, L_k]`: row $i$ holds how query $i$ rates every key.
 #
-# Document 000 (§5) follows the word *Thinking* in the two-word sentence *Thinking Machines*, with
-# $d_k = 64$. Its query scores 112 against its own key and 96 against the key of *Machines*. The document
-# doesn't print the vectors, so we build a pair that gives exactly those scores:
+# Jay Alammar's article "The Illustrated Transformer" (2018) follows the word *Thinking* in the two-word
+# sentence *Thinking Machines*, with $d_k = 64$. Its query scores 112 against its own key and 96 against the
+# key of *Machines*. The article doesn't print the vectors, so we build a pair that gives exactly those scores:
 
 # %%
 d_k = 64
@@ -162,10 +180,11 @@ print(f"q1 . k2 = {q1 @ k2:.0f}")
 # %% [markdown]
 # Before turning scores into weights, there is a catch — the scores are too big.
 #
-# ## 3. Why divide by $\sqrt{d_k}$? Measure it
+# ## 3. Why divide by sqrt(d_k)? Measure it
 #
-# Suppose the entries of $q$ and $k$ are independent, with mean 0 and variance 1 (roughly what a freshly
-# initialised model produces). Each product $q_m k_m$ then has mean 0 and variance
+# The argument is the one Vaswani et al. give in *Attention Is All You Need* (2017, footnote 4). Suppose the
+# entries of $q$ and $k$ are independent, with mean 0 and variance 1 (roughly what a freshly initialised model
+# produces). Each product $q_m k_m$ then has mean 0 and variance
 # $\mathbb{E}[q_m^2]\,\mathbb{E}[k_m^2] = 1$, and the dot product adds $d_k$ independent such terms:
 #
 # $$\mathrm{Var}(q \cdot k) = d_k, \qquad \text{so the typical size of a score is } \sqrt{d_k}.$$
@@ -173,7 +192,7 @@ print(f"q1 . k2 = {q1 @ k2:.0f}")
 # Large scores are bad news for the softmax that comes next: when one score is far above the others,
 # softmax gives it (almost) all the weight — a near one-hot vector — and its gradient almost vanishes,
 # so the model stops learning which keys matter. Dividing by $\sqrt{d_k}$ brings the variance back to 1,
-# whatever $d_k$ is (document 001, §1.3).
+# whatever $d_k$ is.
 #
 # **Predict** before running the next cell: for $d_k = 1024$, what variance will the raw dot products have?
 # And how close to one-hot will the softmax over 8 keys be?
@@ -233,7 +252,7 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# The document's own example shows the same thing in miniature. Its scores 112 and 96 differ by 16; fed to
+# Alammar's example shows the same thing in miniature. Its scores 112 and 96 differ by 16; fed to
 # softmax as they are, *Machines* would get almost nothing:
 
 # %%
@@ -252,8 +271,8 @@ print(f"softmax([112, 96]) = [{raw_weights[0]:.7f}, {raw_weights[1]:.2e}]   (no 
 # Worked example: the *Thinking Machines* query and keys above, `q1[None]` of shape `[1, 64]` and
 # `torch.stack([k1, k2])` of shape `[2, 64]`, give `[[14., 12.]]` (that is, 112/8 and 96/8).
 #
-# <details><summary>Hint 1</summary><code>d_k</code> is the last dimension of <code>q</code>. Transpose only the last two dimensions of <code>k</code>, so that batch dimensions stay where they are.</details>
-# <details><summary>Hint 2</summary><code>q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])</code></details>
+# <details><summary>Hint 1 — the idea</summary>All the dot products at once are one matrix product of the queries with the keys turned on their side, then one division. <code>d_k</code> is the last dimension of <code>q</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: <code>[..., L_q, d_k] @ [..., d_k, L_k]</code> → <code>[..., L_q, L_k]</code>. <code>k.transpose(-2, -1)</code> turns the keys into <code>[..., d_k, L_k]</code> and leaves the batch dimensions where they are; then divide by <code>math.sqrt</code> of the right size.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "attention_scores", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -267,19 +286,20 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "attention_scores_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "attention_scores_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_attention_scores(attention_scores)
 ### BEGIN HIDDEN TESTS
 check_attention_scores(attention_scores, hidden=True)
 ### END HIDDEN TESTS
 
+# %%
+attention_scores_impl = yours_or_reference(attention_scores, check_attention_scores)
+
 # %% [markdown]
-# With the scale, the document's scores become 14 and 12 (here $\sqrt{64} = 8$):
+# With the scale, Alammar's scores become 14 and 12 (here $\sqrt{64} = 8$):
 
 # %%
-from transformer_lib.attention import attention_scores  # the reference: the rest of the chapter runs even if your answer is unfinished
-
-thinking_scores = attention_scores(q1[None], torch.stack([k1, k2]))  # [1, 2]
+thinking_scores = attention_scores_impl(q1[None], torch.stack([k1, k2]))  # [1, 2]
 print(f"sqrt(d_k) = {math.sqrt(d_k):.0f}")
 print("scaled scores of 'Thinking':", thinking_scores)
 
@@ -321,13 +341,14 @@ print("literal softmax    :", naive)
 # * `x`: `[..., n]`, any number of leading dimensions, any float dtype.
 # * returns a tensor of the same shape; every slice along the last dimension is positive and sums to 1.
 #
-# Worked example (document 000 §5: scores of *cat*, *car*, *frog*): `softmax(torch.tensor([3.2, 5.1, -1.7]))`
-# is about `[0.13, 0.87, 0.00]`. And `softmax(torch.tensor([1000., 1001., 1002.]))` must not be `nan`.
+# Worked example (the scores an image classifier gives the classes *cat*, *car* and *frog*, a classic of
+# Stanford's CS231n course): `softmax(torch.tensor([3.2, 5.1, -1.7]))` is about `[0.13, 0.87, 0.00]`. And
+# `softmax(torch.tensor([1000., 1001., 1002.]))` must not be `nan`.
 #
 # Don't call `torch.softmax` or `torch.nn.functional.softmax`: the point is to write it.
 #
-# <details><summary>Hint 1</summary>Each row needs its own maximum: <code>x.amax(dim=-1, keepdim=True)</code>. <code>keepdim=True</code> keeps the shape broadcastable against <code>x</code>.</details>
-# <details><summary>Hint 2</summary><code>e = (x - x.amax(dim=-1, keepdim=True)).exp()</code>, then divide by <code>e.sum(dim=-1, keepdim=True)</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>Shift each row by its own maximum, exponentiate, divide by the row's total. Every reduction is over the last dimension only, never over the whole tensor or <code>dim=0</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>Three steps, shapes <code>[..., n]</code> throughout; the max and the sum are <code>[..., 1]</code> thanks to <code>keepdim=True</code>, so they broadcast back against <code>x</code>. The first line: <code>shifted = x - x.amax(dim=-1, keepdim=True)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "softmax", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def softmax(x: torch.Tensor) -> torch.Tensor:
@@ -342,32 +363,33 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "softmax_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "softmax_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_softmax(softmax)
 ### BEGIN HIDDEN TESTS
 check_softmax(softmax, hidden=True)
 ### END HIDDEN TESTS
 
+# %%
+softmax_impl = yours_or_reference(softmax, check_softmax)
+
 # %% [markdown]
-# Now the documents' numbers. First the *cat / car / frog* example of document 000 (§5): the exponentials
-# are 24.5, 164.0 and 0.18, and dividing by their sum gives 0.13, 0.87 and 0.00. The largest score takes
-# an even larger share of the weight, and the weights add up to exactly one:
+# Now the worked example's numbers. For the *cat / car / frog* scores the exponentials are 24.5, 164.0 and
+# 0.18, and dividing by their sum gives 0.13, 0.87 and 0.00. The largest score takes an even larger share of
+# the weight, and the weights add up to exactly one:
 
 # %%
-from transformer_lib.attention import softmax  # the reference: the rest of the chapter runs even if your answer is unfinished
-
 cat_car_frog = torch.tensor([3.2, 5.1, -1.7])
 print("exp(scores)     :", [f"{e:.2f}" for e in cat_car_frog.exp().tolist()])
-print("softmax(scores) :", [f"{w:.2f}" for w in softmax(cat_car_frog).tolist()])
-print(f"sum of weights  : {softmax(cat_car_frog).sum():.4f}")
-print("stable softmax of [1000, 1001, 1002]:", softmax(big))
+print("softmax(scores) :", [f"{w:.2f}" for w in softmax_impl(cat_car_frog).tolist()])
+print(f"sum of weights  : {softmax_impl(cat_car_frog).sum():.4f}")
+print("stable softmax of [1000, 1001, 1002]:", softmax_impl(big))
 
 # %% [markdown]
 # And *Thinking Machines*: the scaled scores 14 and 12 become the weights 0.88 and 0.12 — a clear
 # preference for *Thinking* itself, but nothing like the nearly one-hot weights of the unscaled scores 112 and 96 (section 3).
 
 # %%
-thinking_weights = softmax(thinking_scores)
+thinking_weights = softmax_impl(thinking_scores)
 print("scaled scores :", [f"{s:.0f}" for s in thinking_scores[0].tolist()])
 print("weights       :", [f"{w:.2f}" for w in thinking_weights[0].tolist()])
 
@@ -378,7 +400,7 @@ print("weights       :", [f"{w:.2f}" for w in thinking_weights[0].tolist()])
 #
 # $$z_i = \sum_j a_{ij}\, v_j, \qquad a_{ij} = \mathrm{softmax}_j\!\left(\frac{q_i \cdot k_j}{\sqrt{d_k}}\right).$$
 #
-# For *Thinking*, $z_1 = 0.88\, v_1 + 0.12\, v_2$. The document doesn't give the values, so take any two, say
+# For *Thinking*, $z_1 = 0.88\, v_1 + 0.12\, v_2$. Alammar's article doesn't give the values, so take any two, say
 # $v_1 = [1, 0, 2]$ and $v_2 = [0, 4, 1]$:
 
 # %%
@@ -400,8 +422,8 @@ print("z1 =", z1)
 # %%
 scores = torch.tensor([[2.0, 1.0, 0.5]])
 mask = torch.tensor([[True, True, False]])  # the third key is hidden
-before = softmax(scores.masked_fill(~mask, torch.finfo(scores.dtype).min))
-after = softmax(scores).masked_fill(~mask, 0.0)
+before = softmax_impl(scores.masked_fill(~mask, torch.finfo(scores.dtype).min))
+after = softmax_impl(scores).masked_fill(~mask, 0.0)
 print("masked before softmax:", before, " row sum", f"{before.sum():.4f}")
 print("zeroed after softmax :", after, " row sum", f"{after.sum():.4f}")
 
@@ -422,10 +444,11 @@ print("zeroed after softmax :", after, " row sum", f"{after.sum():.4f}")
 # `[0.67, 0.33]` and the output about `[6.70, 3.30]`. With `mask = torch.tensor([[False, True]])` the weights
 # are `[0., 1.]` and the output `[0., 10.]`.
 #
-# You may use your `softmax` and `attention_scores`, or `torch.softmax`.
+# You may use your `softmax` and `attention_scores`, or `torch.softmax`. The tests include scores in the hundreds,
+# so the softmax must be the stable kind.
 #
-# <details><summary>Hint 1</summary>Three steps: scores (scaled), mask the scores, softmax over the keys (<code>dim=-1</code>), then <code>weights @ v</code>.</details>
-# <details><summary>Hint 2</summary><code>scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)</code> hides the keys where the mask is False; <code>float("-inf")</code> works too as long as every row keeps a visible key.</details>
+# <details><summary>Hint 1 — the idea</summary>Scaled scores, then hide the masked keys <em>in the scores</em>, then a softmax over the keys (<code>dim=-1</code>), then mix the values with the weights.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: scores <code>[..., L_q, L_k]</code> → masked scores (same shape) → weights (same shape, rows sum to 1) → <code>weights @ v</code> <code>[..., L_q, d_v]</code>. Only when a mask is given: <code>scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)</code> (<code>float("-inf")</code> works too, as long as every row keeps a visible key).</details>
 
 # %% nbgrader={"grade": false, "grade_id": "scaled_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def scaled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None):
@@ -445,57 +468,58 @@ def scaled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "scaled_attention_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "scaled_attention_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_scaled_attention(scaled_attention)
 ### BEGIN HIDDEN TESTS
 check_scaled_attention(scaled_attention, hidden=True)
 ### END HIDDEN TESTS
 
+# %%
+scaled_attention_impl = yours_or_reference(scaled_attention, check_scaled_attention)
+
 # %% [markdown]
-# The worked example of the exercise, run with the library's version:
+# The worked example of the exercise:
 
 # %%
-from transformer_lib.attention import scaled_dot_product_attention as scaled_attention  # the reference: the rest of the chapter runs even if your answer is unfinished
-
 q_ex, k_ex = torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 0.0], [0.0, 1.0]])
 v_ex = torch.tensor([[10.0, 0.0], [0.0, 10.0]])
-out, w = scaled_attention(q_ex, k_ex, v_ex)
+out, w = scaled_attention_impl(q_ex, k_ex, v_ex)
 print("no mask  : weights", w, " output", out)
-out, w = scaled_attention(q_ex, k_ex, v_ex, mask=torch.tensor([[False, True]]))
+out, w = scaled_attention_impl(q_ex, k_ex, v_ex, mask=torch.tensor([[False, True]]))
 print("key 1 hid: weights", w, " output", out)
 
 # %% [markdown]
-# ## 6. The toy example of document 003, number by number
+# ## 6. A toy example, number by number
 #
-# Document 003 (§2) walks through self-attention for the three tokens of section 1 by hand. We follow
-# token 1. One thing to know first: **the document does not divide by $\sqrt{d_k}$** — its scores are the
-# plain products `queries @ keys.T`. To reproduce its numbers we do the same (the library's
-# `scaled_dot_product_attention` takes `scale=1.0` for that); at the end we see what the scale would change.
+# Raimi Karim's "Illustrated: Self-Attention" (2019) walks through self-attention by hand for the three tokens
+# of section 1. We follow token 1. One thing to know first: **the article does not divide by $\sqrt{d_k}$**:
+# its scores are the plain products `queries @ keys.T`. To reproduce its numbers we do the same; at the end we
+# see what the scale would change.
 #
 # Step 1, the scores of token 1 against the three keys:
 
 # %%
-scores_1 = Q_toy[0] @ K_toy.T  # [3], no sqrt(d_k) scale, as in the document
+scores_1 = Q_toy[0] @ K_toy.T  # [3], no sqrt(d_k) scale, as in the article
 print("scores of token 1:", scores_1)
 print("all scores Q K^T =\n", Q_toy @ K_toy.T)
 
 # %% [markdown]
-# Step 2, softmax. The document writes the weights as 0.0, 0.5 and 0.5: rounded to the nearest half.
+# Step 2, softmax. The article writes the weights as 0.0, 0.5 and 0.5: rounded to the nearest half.
 
 # %%
-weights_1 = softmax(scores_1)
-rounded_1 = (weights_1 * 2).round() / 2  # to the nearest 0.5, as the document does
+weights_1 = softmax_impl(scores_1)
+rounded_1 = (weights_1 * 2).round() / 2  # to the nearest 0.5, as the article does
 print("exact weights  :", weights_1)
 print("rounded weights:", rounded_1)
 
 # %% [markdown]
-# Step 3, scale each value by its weight and add them up. With the rounded weights we get the document's
+# Step 3, scale each value by its weight and add them up. With the rounded weights we get the article's
 # result, $[2.0, 7.0, 1.5]$:
 
 # %%
 weighted = rounded_1[:, None] * V_toy  # [3 keys, d_v]: row j is (rounded weight j) * v_j
 print("rounded weight x value, one row per key:\n", weighted)
-print("sum (the document's output):", weighted.sum(dim=0))
+print("sum (the article's output):", weighted.sum(dim=0))
 
 # %% [markdown]
 # With the exact weights the output is $\approx [1.94, 6.68, 1.60]$ instead. The whole difference comes from the
@@ -504,7 +528,7 @@ print("sum (the document's output):", weighted.sum(dim=0))
 # $\tilde a$ are the rounded weights:
 
 # %%
-out_exact, _ = scaled_attention(Q_toy, K_toy, V_toy, scale=1.0)  # the library, unscaled like the document
+out_exact = softmax_impl(Q_toy @ K_toy.T) @ V_toy  # [3, d_v], every token, unscaled like the article
 delta = rounded_1 - weights_1
 print("exact output of token 1       :", [f"{z:.2f}" for z in out_exact[0].tolist()])
 print("weight changes from rounding  :", delta)
@@ -519,7 +543,7 @@ print("exact + effect                :", out_exact[0] + delta @ V_toy)
 # output moves again:
 
 # %%
-out_scaled, w_scaled = scaled_attention(Q_toy, K_toy, V_toy)  # default scale 1/sqrt(3)
+out_scaled, w_scaled = scaled_attention_impl(Q_toy, K_toy, V_toy)  # scaled by 1/sqrt(d_k) = 1/sqrt(3)
 print("scaled weights of token 1:", w_scaled[0])
 print("scaled output of token 1 :", [f"{z:.2f}" for z in out_scaled[0].tolist()])
 
@@ -550,8 +574,8 @@ print("scaled output of token 1 :", [f"{z:.2f}" for z in out_scaled[0].tolist()]
 # Write it with matrix products, without a Python loop over tokens. You may use your earlier functions or
 # write the steps out.
 #
-# <details><summary>Hint 1</summary>Project, score, softmax, mix: four lines. <code>d_k</code> is the number of columns of <code>w_q</code>, not the embedding size.</details>
-# <details><summary>Hint 2</summary><code>q, k, v = x @ w_q, x @ w_k, x @ w_v</code>; <code>weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)</code>; return <code>weights @ v, weights</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>Project, score, softmax, mix: the four steps of sections 1 to 5, on whole matrices. <code>d_k</code> is the number of columns of <code>w_q</code>, not the embedding size.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: <code>x</code> <code>[..., seq, d_model]</code> → <code>q</code>, <code>k</code> <code>[..., seq, d_k]</code> and <code>v</code> <code>[..., seq, d_v]</code> → scores <code>[..., seq, seq]</code> → weights, softmax over the last dimension → output <code>[..., seq, d_v]</code>. Return the output and the weights, in that order.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "self_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def self_attention(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor):
@@ -568,29 +592,30 @@ def self_attention(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: t
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "self_attention_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "self_attention_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_self_attention(self_attention)
 ### BEGIN HIDDEN TESTS
 check_self_attention(self_attention, hidden=True)
 ### END HIDDEN TESTS
+
+# %%
+self_attention_impl = yours_or_reference(self_attention, check_self_attention)
 
 # %% [markdown]
 # Is the matrix form really the same as doing one token at a time? Compare it with a plain loop over the
 # tokens of a random sentence:
 
 # %%
-from transformer_lib.attention import self_attention  # the reference: the rest of the chapter runs even if your answer is unfinished
-
 d_model, d_head, seq = 8, 4, 6
 x = torch.randn(seq, d_model)
 w_q, w_k, w_v = (torch.randn(d_model, d_head) for _ in range(3))
 
-Z, A = self_attention(x, w_q, w_k, w_v)  # [seq, d_head], [seq, seq]
+Z, A = self_attention_impl(x, w_q, w_k, w_v)  # [seq, d_head], [seq, seq]
 
 rows = []
 for i in range(seq):  # one token at a time: its query against every key
     q_i = x[i] @ w_q                                       # [d_head]
-    a_i = softmax((x @ w_k) @ q_i / math.sqrt(d_head))     # [seq]
+    a_i = softmax_impl((x @ w_k) @ q_i / math.sqrt(d_head))  # [seq]
     rows.append(a_i @ (x @ w_v))                           # [d_head]
 Z_loop = torch.stack(rows)
 print("output shape:", tuple(Z.shape), " weights shape:", tuple(A.shape))
@@ -609,7 +634,7 @@ print("rows of the weights sum to:", A.sum(dim=-1))
 
 # %%
 perm = torch.tensor([3, 0, 5, 1, 4, 2])  # new position i holds old token perm[i]
-Z_perm, A_perm = self_attention(x[perm], w_q, w_k, w_v)
+Z_perm, A_perm = self_attention_impl(x[perm], w_q, w_k, w_v)
 print("outputs of the shuffled sentence == shuffled outputs:      ", torch.allclose(Z_perm, Z[perm], atol=1e-6))
 print("weights == old weights with rows and columns shuffled:     ", torch.allclose(A_perm, A[perm][:, perm], atol=1e-6))
 print("outputs unchanged in place:                                ", torch.allclose(Z_perm, Z, atol=1e-6))
@@ -624,8 +649,8 @@ print("outputs unchanged in place:                                ", torch.allcl
 # ## 9. An attention heatmap
 #
 # The weight matrix $A$ is easiest to read as a picture: one row per query token, one column per key token,
-# darker = more attention. Take the sentence from document 000 (§4), *the animal didn't cross the street
-# because it was tired*.
+# darker = more attention. Take the sentence Jay Alammar uses in "The Illustrated Transformer" (2018), *the animal
+# didn't cross the street because it was tired*.
 #
 # A trained model learns $W^Q$ and $W^K$ from data (chapter 07 trains one). To see how a heatmap reads,
 # we build them **by hand** here. Each word gets a few interpretable features, its key advertises those
@@ -656,7 +681,7 @@ w_q_sent *= 4.0  # sharper preferences
 w_k_sent = torch.eye(len(features))  # a key simply advertises the token's features
 w_v_sent = torch.eye(len(features))  # (the values don't matter for the picture)
 
-_, A_sent = self_attention(x_sent, w_q_sent, w_k_sent, w_v_sent)  # [seq, seq]
+_, A_sent = self_attention_impl(x_sent, w_q_sent, w_k_sent, w_v_sent)  # [seq, seq]
 
 fig, ax = plt.subplots(figsize=(6, 5))
 im = ax.imshow(A_sent, cmap="Blues", vmin=0, vmax=1)
@@ -676,7 +701,7 @@ print("row of 'it':", {t: round(w, 2) for t, w in zip(tokens, A_sent[it].tolist(
 # Reading the picture:
 #
 # * The row of *it* puts most of its weight on *animal* (the printed row above): with these matrices the
-#   pronoun resolves to the animate noun — the kind of relation document 000 shows trained models learning.
+#   pronoun resolves to the animate noun — the kind of relation Alammar's article shows a trained model learning.
 # * *tired* gives its largest weight to *animal* too, and the verbs spread their attention over the two nouns.
 # * The nouns and the function words (*the*, *because*) have a zero query, so every score in their row is 0
 #   and softmax gives a **uniform** row: no preference is not the same as no attention.
@@ -699,7 +724,7 @@ print("row of 'it':", {t: round(w, 2) for t, w in zip(tokens, A_sent[it].tolist(
 #   prevents overflow.
 # * The output is the **weighted sum** of the values. **Masks** (`True` = may attend) act on the scores,
 #   before the softmax.
-# * The document's toy output $[2.0, 7.0, 1.5]$ uses weights rounded to 0.0/0.5/0.5 and no scale; the exact
+# * Karim's toy output $[2.0, 7.0, 1.5]$ uses weights rounded to 0.0/0.5/0.5 and no scale; the exact
 #   unscaled output is $\approx [1.94, 6.68, 1.60]$.
 # * Self-attention is **permutation equivariant**: it sees a set of tokens, not a sequence.
 #
@@ -708,6 +733,15 @@ print("row of 'it':", {t: round(w, 2) for t, w in zip(tokens, A_sent[it].tolist(
 # One set of $W^Q, W^K, W^V$ can only express one notion of relevance at a time. Chapter 03,
 # **multi-head attention**, runs several smaller attentions side by side — like the several filters of a
 # convolutional layer — and combines what they find, for the same number of parameters.
+
+# %% [markdown]
+# ## Where you stand
+#
+# The five exercises of this chapter, and whether their last check passed. An exercise that doesn't pass yet
+# has its one-line diagnosis here; fix it, run its test cell again, then run this cell.
+
+# %%
+exercise_summary(check_project_qkv, check_attention_scores, check_softmax, check_scaled_attention, check_self_attention)
 
 # %% [markdown]
 # ## Glossary · 术语表

@@ -12,26 +12,26 @@
 # Chapter 02 built one attention: one set of $W^Q, W^K, W^V$, one notion of "relevant", one weighted
 # average of the values per token. Real sentences ask for several things at once. In *苹果公司发布新款iPhone*
 # ("Apple releases a new iPhone"), the word 苹果 (apple) wants to look at 公司 (company) to learn that it is a
-# company here, *and* at iPhone for the product context (document 001, §3.1). One weighted average has to
-# choose, or blur the two together.
+# company here, *and* at iPhone for the product context. One weighted average has to choose, or blur the two
+# together.
 #
 # **Multi-head attention** runs several attentions side by side, each with its own small projections, and
 # glues their results together. This chapter builds it:
 #
 # 1. **One head, one average** — a query that needs two different tokens, and why one head can't serve it.
-# 2. **A bank of filters** — the idea, borrowed from the filters of a convolutional network.
-# 3. **Splitting into heads** — the `view` + `transpose` that makes all heads one matrix product, drawn and
-#    checked shape by shape.
-# 4. **$W^O$** — concatenating the heads and mixing them.
-# 5. **The parameter count** — $h$ heads cost exactly what one full-width head costs.
+# 2. **A bank of filters** — the idea, and the whole layer in one diagram, with the shape on every arrow.
+# 3. **Splitting into heads** — the `view` + `transpose` that makes all heads one matrix product.
+# 4. **Mixing the heads, masking the heads** — the output matrix $W^O$, and one mask for every head.
+# 5. **The parameter count** — you count first; then we check your count against PyTorch.
 # 6. **The layer as a module** — and the same numbers as PyTorch's own `nn.MultiheadAttention`.
-# 7. **Heads of a trained model** — we train a small model on a task with two relations and look at what
-#    each head learned.
+# 7. **Heads of a trained model** — we train a small model on a task with two relations, measure where each
+#    head looks and how sharply, and switch heads off one at a time.
 #
-# Five exercises are autograded: `split_heads`, `merge_heads`, `multi_head_attention_forward`,
-# `count_mha_parameters` and the module `MultiHeadAttentionLayer`.
+# Six exercises are autograded: `split_heads`, `merge_heads`, `multi_head_attention_forward`,
+# `count_mha_parameters`, the module `MultiHeadAttentionLayer` and `attention_entropy`. Each one is then used
+# by the rest of the chapter: yours when it passes its check, the library's otherwise.
 #
-# The equation of *Attention Is All You Need* (Vaswani et al., 2017, §3.2.2) that we are heading for:
+# The equation of *Attention Is All You Need* (Vaswani et al., 2017, section 3.2.2) that we are heading for:
 #
 # $$\mathrm{MultiHead}(Q, K, V) = \mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_h)\, W^O,
 # \qquad \mathrm{head}_i = \mathrm{Attention}(Q W_i^Q,\; K W_i^K,\; V W_i^V).$$
@@ -44,16 +44,18 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from matplotlib.colors import ListedColormap
 
 from transformer_lib.attention import MultiHeadAttention, scaled_dot_product_attention
+from transformer_lib.checks import exercise_summary, yours_or_reference
 from transformer_lib.checks.ch03 import (
+    check_attention_entropy,
     check_count_mha_parameters,
     check_merge_heads,
     check_multi_head_attention_forward,
     check_multi_head_attention_layer,
     check_split_heads,
 )
+from transformer_lib.diagrams.ch03 import draw_mask_broadcast, draw_multi_head_flow, draw_split_layouts
 from transformer_lib.masks import causal_mask
 
 torch.manual_seed(0)
@@ -118,33 +120,49 @@ for sentence in (["A", "C", "D", "B", "C"], ["B", "C", "D", "A", "C"]):
 # later layer decodes the ratio. That is fragile, and in section 7 we will watch a trained single head attempt exactly
 # this trick, with mixed success.
 
+
 # %% [markdown]
 # ## 2. Heads as a bank of filters
 #
-# Document 000 (§6.1) borrows the picture from convolutional networks: a convolutional layer does not have
-# one filter but dozens, each detecting its own pattern (an edge, a colour blob, a texture), and the layer
-# outputs all their feature maps. Multi-head attention does the same with attention: $h$ heads, each with
-# its own $W_i^Q, W_i^K, W_i^V$, each free to look for its own kind of relation — the previous word, the
-# subject of the verb, the noun a pronoun refers to. Trained Transformers do show heads like these
-# (document 000, §6.4; document 001, §3.1).
+# The picture comes from convolutional networks. A convolutional layer does not have one filter but dozens, each
+# detecting its own pattern (an edge, a colour blob, a texture), and the layer outputs all their feature maps.
+# Multi-head attention does the same with attention: $h$ heads, each with its own $W_i^Q, W_i^K, W_i^V$, each
+# free to look for its own kind of relation — the previous word, the subject of a verb, the noun a pronoun
+# refers to. Trained Transformers do grow heads like these: Voita et al. (2019, "Analyzing Multi-Head
+# Self-Attention: Specialized Heads Do the Heavy Lifting, the Rest Can Be Pruned") found, in a translation
+# model, heads that attend to the neighbouring word, heads that follow syntactic relations and a head that
+# attends to rare words. Section 7 trains a model and watches its heads divide the work.
 #
 # What keeps this from getting expensive is the size of each head. With $d_{model} = 512$ and $h = 8$ heads
-# (the paper's base model), each head works in $d_k = d_{model} / h = 64$ dimensions. The heads' outputs,
-# $h$ vectors of size $d_k$, are concatenated back to $d_{model}$ features, and one more matrix $W^O$
-# ($d_{model} \times d_{model}$) mixes them (document 000, §6.2).
+# (the base model of Vaswani et al.), each head works in $d_k = d_{model} / h = 64$ dimensions. The heads'
+# outputs, $h$ vectors of size $d_k$, are concatenated back to $d_{model}$ features, and one more matrix $W^O$
+# ($d_{model} \times d_{model}$) mixes them. Prince (*Understanding Deep Learning*, 2023, chapter 12) draws the
+# same computation: several heads run in parallel on the same input, their outputs are stacked, and a last
+# linear map combines them.
+#
+# Here is the whole layer as implementations compute it, with the shape of the tensor on every arrow
+# (B = batch, L = sequence length, h = heads, $d_k = d_{model} / h$). The rest of the chapter builds each box.
+
+# %%
+draw_multi_head_flow()
+plt.show()
 
 # %% [markdown]
-# ## 3. Splitting $d_{model}$ into heads
+# Two things in the picture are new compared with chapter 02: the **split** (and its inverse, the **merge**),
+# which turn one wide attention into $h$ narrow ones without a loop over heads; and $W^O$, the only place where
+# the heads' results meet.
+
+# %% [markdown]
+# ## 3. Splitting d_model into heads
 #
 # We could keep $h$ separate little matrices $W_i^Q$ of size $d_{model} \times d_k$. Instead, implementations
 # put them side by side in **one** $d_{model} \times d_{model}$ matrix $W^Q = [\,W_1^Q \mid W_2^Q \mid \dots \mid W_h^Q\,]$:
 # one matrix product computes the queries of every head at once, and head $i$'s queries are simply the
 # columns $i \cdot d_k, \dots, (i+1) \cdot d_k - 1$ of the result.
 #
-# Then comes the bookkeeping (document 001, §4.3, urges you to draw these shapes once by hand; the picture
-# below draws them for you). The projected queries have shape `[batch, seq, d_model]`. Attention must run
-# **per head**, and `@` treats every dimension but the last two as a batch dimension. So we want
-# `[batch, heads, seq, d_k]`, in two moves:
+# Then comes the bookkeeping, worth drawing once by hand (the picture below draws it for you). The projected
+# queries have shape `[batch, seq, d_model]`. Attention must run **per head**, and `@` treats every dimension
+# but the last two as a batch dimension. So we want `[batch, heads, seq, d_k]`, in two moves:
 #
 # 1. `view(batch, seq, heads, d_k)` cuts the feature axis of each position into `heads` blocks of `d_k`;
 # 2. `transpose(1, 2)` puts heads before positions: `[batch, heads, seq, d_k]`.
@@ -160,30 +178,7 @@ for sentence in (["A", "C", "D", "B", "C"], ["B", "C", "D", "A", "C"]):
 # labelled with its position (t0 … t3).
 
 # %%
-from transformer_lib.attention import split_heads as library_split_heads  # for the picture; you write yours below
-
-seq_demo, d_demo, h_demo = 4, 6, 3
-owner = (torch.arange(d_demo) // (d_demo // h_demo)).expand(seq_demo, d_demo).float()  # [4, 6]: head of each feature
-where = torch.arange(seq_demo)[:, None].expand(seq_demo, d_demo).float()  # [4, 6]: position of each entry
-right = [library_split_heads(t[None], h_demo)[0] for t in (owner, where)]  # each [3 heads, 4, 2]
-wrong = [t.reshape(h_demo, seq_demo, d_demo // h_demo) for t in (owner, where)]  # view straight to [3, 4, 2]
-
-colours = ListedColormap(["#8dd3c7", "#fdb462", "#bebada"])
-fig, axes = plt.subplots(2, 4, figsize=(8, 4), gridspec_kw={"width_ratios": [3, 1, 1, 1]})
-for row, (heads_owner, heads_where), label in ((0, right, "view + transpose"), (1, wrong, "view only")):
-    panels = [(owner, where, "Q [seq, d_model]")] + [
-        (heads_owner[i], heads_where[i], f"head {i}") for i in range(h_demo)]
-    for ax, (c, p, title) in zip(axes[row], panels):
-        ax.imshow(c, cmap=colours, vmin=-0.5, vmax=2.5)
-        for (r, col), pos in zip(torch.cartesian_prod(torch.arange(c.shape[0]), torch.arange(c.shape[1])).tolist(),
-                                 p.flatten().tolist()):
-            ax.text(col, r, f"t{int(pos)}", ha="center", va="center", fontsize=8)
-        ax.set_xticks([])
-        ax.set_yticks([])
-        ax.set_title(title, fontsize=9)
-    axes[row][0].set_ylabel(label)
-fig.suptitle("Colour = the head that owns the feature, label = the position it came from", fontsize=10)
-fig.tight_layout()
+draw_split_layouts(seq=4, d_model=6, n_heads=3)
 plt.show()
 
 # %% [markdown]
@@ -205,8 +200,9 @@ plt.show()
 # Worked example: `x = torch.arange(12.).reshape(1, 2, 6)` and `n_heads = 3` give shape `[1, 3, 2, 2]`,
 # with head 0 `[[0, 1], [6, 7]]`, head 1 `[[2, 3], [8, 9]]`, head 2 `[[4, 5], [10, 11]]`.
 #
-# <details><summary>Hint 1</summary>Two moves: cut the last dimension into <code>(n_heads, d_k)</code>, then swap the positions and the heads.</details>
-# <details><summary>Hint 2</summary><code>x.view(batch, seq, n_heads, d_k).transpose(1, 2)</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>Two moves: cut the last dimension into <code>(n_heads, d_k)</code>, then swap the positions and the heads.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: <code>[batch, seq, d_model]</code> → (view) → <code>[batch, seq, n_heads, d_k]</code> → (transpose) → <code>[batch, n_heads, seq, d_k]</code>.
+# Start with <code>batch, seq, d_model = x.shape</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "split_heads", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -221,11 +217,14 @@ def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "split_heads_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "split_heads_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_split_heads(split_heads)
 ### BEGIN HIDDEN TESTS
 check_split_heads(split_heads, hidden=True)
 ### END HIDDEN TESTS
+
+# %%
+split_heads_impl = yours_or_reference(split_heads, check_split_heads)
 
 # %% [markdown]
 # The worked example, and a look at the memory. `transpose` does not move any number either: it only changes
@@ -233,10 +232,8 @@ check_split_heads(split_heads, hidden=True)
 # row, which `is_contiguous()` reports:
 
 # %%
-from transformer_lib.attention import split_heads  # the reference: the rest of the chapter runs even if your answer is unfinished
-
 x_small = torch.arange(12.0).reshape(1, 2, 6)  # [batch 1, seq 2, d_model 6]
-heads_small = split_heads(x_small, 3)  # [1, 3, 2, 2]
+heads_small = split_heads_impl(x_small, 3)  # [1, 3, 2, 2]
 print("shape:", tuple(heads_small.shape))
 for i in range(3):
     print(f"head {i}:", heads_small[0, i].tolist())
@@ -254,9 +251,10 @@ print("contiguous before:", x_small.is_contiguous(), " after split_heads:", head
 #
 # Worked example: `merge_heads(split_heads(x, n_heads))` gives back `x`, for any `x` and `n_heads`.
 #
-# <details><summary>Hint 1</summary>Undo the two moves of <code>split_heads</code> in reverse order. After the transpose, <code>view</code> raises an error
+# <details><summary>Hint 1 — the idea</summary>Undo the two moves of <code>split_heads</code> in reverse order. After the transpose, <code>view</code> raises an error
 # ("view size is not compatible with input tensor's size and stride"): the memory is no longer row by row.</details>
-# <details><summary>Hint 2</summary><code>x.transpose(1, 2).reshape(batch, seq, n_heads * d_k)</code> (or <code>.contiguous().view(...)</code>).</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: <code>[batch, n_heads, seq, d_k]</code> → (transpose) → <code>[batch, seq, n_heads, d_k]</code> → (reshape) → <code>[batch, seq, n_heads * d_k]</code>.
+# The second move must be able to copy: <code>reshape</code>, or <code>.contiguous().view(...)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "merge_heads", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
@@ -270,20 +268,22 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "merge_heads_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "merge_heads_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_merge_heads(merge_heads)
 ### BEGIN HIDDEN TESTS
 check_merge_heads(merge_heads, hidden=True)
 ### END HIDDEN TESTS
 
+# %%
+merge_heads_impl = yours_or_reference(merge_heads, check_merge_heads)
+
 # %% [markdown]
 # Now the whole journey of a batch through a multi-head layer, shape by shape: 2 sentences of 5 tokens,
 # $d_{model} = 12$, 3 heads of $d_k = 4$. We use the library's `MultiHeadAttention` only for its four
-# weight matrices (`w_q`, `w_k`, `w_v`, `w_o`, each an `nn.Linear(12, 12)`), and do every step by hand:
+# weight matrices (`w_q`, `w_k`, `w_v`, `w_o`, each an `nn.Linear(12, 12)`), and do every step by hand
+# (the queries' split and the final merge written out, the keys and values split by `split_heads_impl`):
 
 # %%
-from transformer_lib.attention import merge_heads  # the reference: the rest of the chapter runs even if your answer is unfinished
-
 layer = MultiHeadAttention(d_model=12, n_heads=3)
 x = torch.randn(2, 5, 12)  # [batch, seq, d_model]
 
@@ -299,7 +299,7 @@ q4 = q.view(2, 5, 3, 4)
 show("q.view(batch, seq, heads, d_k)", q4)
 q_heads = q4.transpose(1, 2)
 show("  .transpose(1, 2) -> q of each head", q_heads)
-k_heads, v_heads = split_heads(layer.w_k(x), 3), split_heads(layer.w_v(x), 3)
+k_heads, v_heads = split_heads_impl(layer.w_k(x), 3), split_heads_impl(layer.w_v(x), 3)
 scores = q_heads @ k_heads.transpose(-2, -1) / math.sqrt(4)
 show("scores = q k^T / sqrt(d_k), per head", scores)
 weights = torch.softmax(scores, dim=-1)
@@ -311,7 +311,8 @@ concat = back.reshape(2, 5, 12)
 show("  .reshape(batch, seq, d_model) = Concat", concat)
 out = layer.w_o(concat)
 show("output = Concat W^O", out)
-print("same as the library's layer (to 1e-6):", torch.allclose(out, layer(x, x, x), atol=1e-6))
+print("merge_heads_impl gives the same Concat:", torch.equal(merge_heads_impl(heads_out), concat))
+print("same output as the library's layer (to 1e-6):", torch.allclose(out, layer(x, x, x), atol=1e-6))
 
 # %% [markdown]
 # Two things to notice. The scores have shape `[2, 3, 5, 5]`: a separate 5 × 5 attention matrix for each of
@@ -319,7 +320,7 @@ print("same as the library's layer (to 1e-6):", torch.allclose(out, layer(x, x, 
 # contiguous, which is why the merge uses `reshape` (it copies when it must); `view` would refuse.
 
 # %% [markdown]
-# ## 4. $W^O$: mixing the heads
+# ## 4. W^O: mixing the heads
 #
 # After the concatenation, feature $i \cdot d_k + m$ of a position is simply feature $m$ of head $i$: the heads
 # sit in separate slots and have not met. $W^O$ is where they meet. Cut $W^O$ into $h$ horizontal blocks of
@@ -328,8 +329,8 @@ print("same as the library's layer (to 1e-6):", torch.allclose(out, layer(x, x, 
 # $$\mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_h)\, W^O = \sum_{i=1}^{h} \mathrm{head}_i\, W^O_i .$$
 #
 # So every output feature is a learned combination of **all** heads: each head writes its findings into the
-# output through its own $d_k \times d_{model}$ block. Without $W^O$, an output feature would only ever carry
-# one head's information (document 001, §4.4, counts dropping it among the classic mistakes). Let's check the
+# output through its own $d_k \times d_{model}$ block. Leaving $W^O$ out is a classic bug: the layer still runs
+# and the shapes still fit, but every output feature then carries one head's information only. Let's check the
 # identity on the layer above (`nn.Linear` stores its weight transposed, so $W^O$ is `w_o.weight.T`, plus a bias):
 
 # %%
@@ -346,6 +347,45 @@ print("size (norm) of each head's term head_i W^O_i:", [f"{s:.2f}" for s in shar
 # every output feature draws on every head. In a trained model $W^O$ learns how much of each head each output
 # feature needs.
 #
+# ### One mask for every head
+#
+# Chapter 02's masks hide keys from queries: boolean, `True` = may attend, of shape `[L_q, L_k]` (the causal
+# mask) or, for a batch of sentences of different lengths, one row of visible keys per sentence:
+# `[batch, 1, L_k]`. The `1` there means "the same for every query": it broadcasts over the queries. This
+# chapter accepts exactly these shapes, plus a full `[batch, L_q, L_k]`.
+#
+# The scores now have one more dimension, `[batch, heads, L_q, L_k]`, and **broadcasting lines dimensions up
+# from the right**. A 2-D mask `[L_q, L_k]` is fine: it broadcasts over batch and heads. A 3-D mask is not:
+# `[batch, 1, L_k]` would be read as `[heads, L_q, L_k]`, its sentences matched to heads. The cure is to give
+# it a heads dimension of size 1, `mask.unsqueeze(1)`: `[batch, 1, 1, L_k]` (or `[batch, 1, L_q, L_k]`), which
+# reaches every head, and every query, of its own sentence. (The library's `padding_mask` returns
+# `[batch, 1, 1, L_k]` directly; chapter 06 builds it.)
+
+# %%
+draw_mask_broadcast()
+plt.show()
+
+
+# %%
+def broadcast_or_not(mask_shape, scores_shape):
+    try:
+        return str(list(torch.broadcast_shapes(mask_shape, scores_shape)))
+    except RuntimeError:
+        return "does not broadcast"
+
+
+scores_shape = torch.Size([2, 3, 4, 6])  # [batch, heads, L_q, L_k]
+for name, shape in (("causal [L_q, L_k]", [4, 6]), ("padding [batch, 1, L_k]", [2, 1, 6]),
+                    ("full [batch, L_q, L_k]", [2, 4, 6])):
+    fixed = shape[:1] + [1] + shape[1:] if len(shape) == 3 else shape  # unsqueeze(1) for 3-D masks
+    print(f"{name:<24} {str(shape):<10} as it is: {broadcast_or_not(shape, scores_shape):<19} "
+          f"| with heads dim {str(fixed):<13}: {broadcast_or_not(fixed, scores_shape)}")
+
+# %% [markdown]
+# With 2 sentences and 3 heads, a 3-D mask left as it is fails loudly. With as many sentences as heads (or a
+# single sentence) it would broadcast silently, and wrongly, as in the picture: that is why the checker of
+# the next exercise has such cases.
+#
 # ### Exercise 3 — `multi_head_attention_forward`
 # > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
 #
@@ -356,22 +396,22 @@ print("size (norm) of each head's term head_i W^O_i:", [f"{s:.2f}" for s in shar
 # * `query`: `[batch, L_q, d_model]`; `key`, `value`: `[batch, L_k, d_model]` (for self-attention all three
 #   are the same tensor; for cross-attention the keys and values come from another sequence).
 # * `w_q`, `w_k`, `w_v`, `w_o`: `[d_model, d_model]`, used as `x @ w`.
-# * `mask`: `None` or boolean, `True` = may attend, shaped `[L_q, L_k]`, `[batch, L_q, L_k]` or `[batch, 1, L_k]`:
-#   the same mask for every head.
+# * `mask`: `None` or boolean, `True` = may attend, shaped `[L_q, L_k]`, `[batch, L_q, L_k]` or `[batch, 1, L_k]`
+#   (broadcast over the queries): the same mask for every head.
 # * returns `output` `[batch, L_q, d_model]` and `weights` `[batch, n_heads, L_q, L_k]`.
 #
 # Worked example: with `n_heads = 1` and identity matrices for all four weights, the output is chapter 02's
 # `scaled_attention(query, key, value)`. With `query` of shape `[2, 5, 8]` and `n_heads = 2`, `weights` has
 # shape `[2, 2, 5, 5]`.
 #
-# You may use `split_heads`, `merge_heads` and `scaled_dot_product_attention` (imported above), or write the
-# steps out.
+# You may use `split_heads_impl`, `merge_heads_impl` (yours, or the library's if yours does not pass yet) and
+# `scaled_dot_product_attention` (imported above), or write the steps out.
 #
-# <details><summary>Hint 1</summary>Project, split, attend, merge, mix. The scale is <code>sqrt(d_k)</code>: each head compares vectors of size <code>d_k</code>, not <code>d_model</code>.
-# The scores are <code>[batch, heads, L_q, L_k]</code> while a 3-D mask is <code>[batch, L_q, L_k]</code>: broadcasting lines dimensions up from the right, so give the mask a heads dimension first.</details>
-# <details><summary>Hint 2</summary><code>q, k, v = (split_heads(t @ w, n_heads) for t, w in ((query, w_q), (key, w_k), (value, w_v)))</code>;
-# <code>if mask is not None and mask.dim() == 3: mask = mask.unsqueeze(1)</code>;
-# <code>out, weights = scaled_dot_product_attention(q, k, v, mask)</code>; return <code>merge_heads(out) @ w_o, weights</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>Project, split, attend, merge, mix. The scale is <code>sqrt(d_k)</code>: each head compares vectors of size <code>d_k</code>, not <code>d_model</code>.
+# The scores are <code>[batch, heads, L_q, L_k]</code> while a 3-D mask is <code>[batch, L_q, L_k]</code> or <code>[batch, 1, L_k]</code>: give the mask a heads dimension first.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: <code>query @ w_q</code> <code>[batch, L_q, d_model]</code> → split → <code>[batch, heads, L_q, d_k]</code> (keys and values the same, with <code>L_k</code>);
+# scores and weights <code>[batch, heads, L_q, L_k]</code>, a 3-D mask <code>[batch, 1, ·, L_k]</code>; weights @ v <code>[batch, heads, L_q, d_k]</code> → merge → <code>[batch, L_q, d_model]</code> → <code>@ w_o</code>.
+# First line: <code>q = split_heads_impl(query @ w_q, n_heads)  # [batch, heads, L_q, d_k]</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "multi_head_attention_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def multi_head_attention_forward(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask=None):
@@ -390,7 +430,7 @@ def multi_head_attention_forward(query, key, value, w_q, w_k, w_v, w_o, n_heads,
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # [batch, heads, L_q, L_k]
     if mask is not None:
         if mask.dim() == 3:
-            mask = mask.unsqueeze(1)  # [batch, 1, L_q, L_k]: the same mask for every head
+            mask = mask.unsqueeze(1)  # [batch, 1, L_q or 1, L_k]: the same mask for every head
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     weights = torch.softmax(scores, dim=-1)
     out = (weights @ v).transpose(1, 2).reshape(batch, l_q, d_model)  # [batch, L_q, d_model]: Concat(heads)
@@ -398,60 +438,59 @@ def multi_head_attention_forward(query, key, value, w_q, w_k, w_v, w_o, n_heads,
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "multi_head_attention_forward_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "multi_head_attention_forward_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_multi_head_attention_forward(multi_head_attention_forward)
 ### BEGIN HIDDEN TESTS
 check_multi_head_attention_forward(multi_head_attention_forward, hidden=True)
 ### END HIDDEN TESTS
 
+# %%
+multi_head_attention_forward_impl = yours_or_reference(multi_head_attention_forward, check_multi_head_attention_forward)
+
 # %% [markdown]
 # The worked example: one head and identity weights give back single-head attention, and a padding mask
-# (the second sentence has only 3 real tokens) reaches every head:
+# `[batch, 1, L_k]` (the second sentence has only 3 real tokens) reaches every head and every query:
 
 # %%
-from transformer_lib.attention import multi_head_attention_forward  # the reference: the rest of the chapter runs even if your answer is unfinished
-
 x8 = torch.randn(2, 5, 8)
 eye = torch.eye(8)
-out_1, _ = multi_head_attention_forward(x8, x8, x8, eye, eye, eye, eye, n_heads=1)
+out_1, _ = multi_head_attention_forward_impl(x8, x8, x8, eye, eye, eye, eye, n_heads=1)
 print("1 head + identity weights == chapter 02's attention (to 1e-6):",
       torch.allclose(out_1, scaled_dot_product_attention(x8, x8, x8)[0], atol=1e-6))
 
 w_q8, w_k8, w_v8, w_o8 = (torch.randn(8, 8) / math.sqrt(8) for _ in range(4))
 pad = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])[:, None, :]  # [batch, 1, L_k]
-out_2, weights_2 = multi_head_attention_forward(x8, x8, x8, w_q8, w_k8, w_v8, w_o8, n_heads=2, mask=pad)
+out_2, weights_2 = multi_head_attention_forward_impl(x8, x8, x8, w_q8, w_k8, w_v8, w_o8, n_heads=2, mask=pad)
 print("output", list(out_2.shape), " weights", list(weights_2.shape))
 print("weight on the two padding keys of sentence 2, per head:", weights_2[1, :, :, 3:].sum(dim=(-2, -1)))
 
 # %% [markdown]
-# ## 5. The same parameters as one full-width head
+# ## 5. Counting the parameters
 #
-# Count the parameters. Head $i$ has $W_i^Q, W_i^K, W_i^V$ of size $d_{model} \times d_k$, plus $d_k$ biases each;
-# all $h$ heads together have $3 h (d_{model} d_k + d_k) = 3(d_{model}^2 + d_{model})$ — because $h\, d_k = d_{model}$.
-# Add $W^O$, $d_{model}^2 + d_{model}$:
+# Splitting into $h$ heads gives $h$ views of the input. What does it cost? Before reading on, count it
+# yourself. The layer learns four projections, $W^Q, W^K, W^V$ and $W^O$, and, when `bias` is true, a bias
+# vector for each.
 #
-# $$\text{parameters} = 4\, d_{model}^2 + 4\, d_{model}, \qquad \text{whatever } h \text{ is.}$$
+# * Head $i$ has its own $W_i^Q, W_i^K, W_i^V$. How many rows and columns does each have, and how many biases?
+# * How many numbers do all $h$ heads hold together? And $W^O$, which reads the concatenated heads?
+# * **Predict**: does the total depend on `n_heads`? For $d_{model} = 512$, which has more parameters, a layer
+#   with 8 heads or a layer with 1 head — and by how much?
 #
-# A single head of full width $d_k = d_{model}$ with the same $W^O$ has exactly as many. Multi-head attention
-# does not buy its several views with more parameters; it **cuts** the one big head into $h$ independent
-# smaller ones (document 000, §6.3). The cost of the scores doesn't change either: $h$ heads compute
-# $h \cdot L^2 \cdot d_k = L^2 \cdot d_{model}$ multiply-adds for a sequence of length $L$, like one full-width head.
-#
-# **Predict**: for $d_{model} = 512$, which has more parameters, 8 heads or 1 head? By how much?
-
-# %% [markdown]
 # ### Exercise 4 — `count_mha_parameters`
-# > **Difficulty** ●○○ · **Importance** ●●○ · about 5 minutes
+# > **Difficulty** ●○○ · **Importance** ●●○ · about 10 minutes
 #
 # Write `count_mha_parameters(d_model, n_heads, bias=True)`: the number of parameters (an `int`) of a
-# multi-head attention layer with four `d_model × d_model` projections $W^Q, W^K, W^V, W^O$, each with
-# `d_model` biases when `bias` is true. Derive it from the heads: count per head, then add $W^O$.
+# multi-head attention layer with `n_heads` heads over `d_model` features, its projections $W^Q, W^K, W^V, W^O$
+# and, when `bias` is true, their biases. Derive it from the heads: count one head, then all of them, then $W^O$.
 #
-# Worked example: `count_mha_parameters(4, 2)` is 80 (four 4 × 4 matrices and four bias vectors of 4);
-# `count_mha_parameters(4, 2, bias=False)` is 64.
+# Worked example: `count_mha_parameters(4, 2)` is 80 and `count_mha_parameters(4, 2, bias=False)` is 64.
+# Check that your reasoning gives these two numbers before you write the code.
 #
-# <details><summary>Hint 1</summary>A head reads all <code>d_model</code> input features and produces <code>d_k = d_model // n_heads</code>: its <code>W_i^Q</code> is <code>d_model × d_k</code>.</details>
-# <details><summary>Hint 2</summary><code>n_heads * 3 * (d_model * d_k + (d_k if bias else 0)) + d_model * d_model + (d_model if bias else 0)</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>A head reads all <code>d_model</code> input features and produces <code>d_k = d_model // n_heads</code> numbers:
+# its <code>W_i^Q</code> is <code>d_model × d_k</code>, with one bias per output. <code>W^O</code> reads what all heads produced together.</details>
+# <details><summary>Hint 2 — the plan</summary>Count one head's three projections (matrix entries plus biases), multiply by <code>n_heads</code>, then add <code>W^O</code>:
+# how many numbers go in (the concatenated heads), how many come out. Add biases only when <code>bias</code> is true.
+# A first line: <code>d_k = d_model // n_heads</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "count_mha_parameters", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def count_mha_parameters(d_model: int, n_heads: int, bias: bool = True) -> int:
@@ -464,36 +503,54 @@ def count_mha_parameters(d_model: int, n_heads: int, bias: bool = True) -> int:
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "count_mha_parameters_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "count_mha_parameters_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_count_mha_parameters(count_mha_parameters)
 ### BEGIN HIDDEN TESTS
 check_count_mha_parameters(count_mha_parameters, hidden=True)
 ### END HIDDEN TESTS
 
+# %%
+count_mha_parameters_impl = yours_or_reference(count_mha_parameters, check_count_mha_parameters)
+
 # %% [markdown]
-# Now count the library's modules themselves (built on PyTorch's `meta` device: shapes only, no memory), for
-# the worked example and for the paper's base size:
+# ### The count, derived
+#
+# Head $i$ has $W_i^Q, W_i^K, W_i^V$ of size $d_{model} \times d_k$, plus $d_k$ biases each. All $h$ heads together
+# have $3 h (d_{model} d_k + d_k) = 3(d_{model}^2 + d_{model})$, because $h\, d_k = d_{model}$. $W^O$ maps the
+# $h \cdot d_k = d_{model}$ concatenated features back to $d_{model}$: another $d_{model}^2 + d_{model}$. So
+#
+# $$\text{parameters} = 4\, d_{model}^2 + 4\, d_{model}\ \ (4\, d_{model}^2 \text{ without biases}), \qquad
+# \text{whatever } h \text{ is.}$$
+#
+# The answer to the prediction: 8 heads and 1 head have **exactly** as many parameters. Multi-head attention
+# does not buy its several views with more parameters; it **cuts** one full-width head into $h$ independent
+# smaller ones. Vaswani et al. (2017, section 3.2.2) make the same remark about compute: because each head is
+# smaller, the total cost is similar to one head of full width. For the scores of a sequence of length $L$,
+# $h$ heads compute $h \cdot L^2 \cdot d_k = L^2 \cdot d_{model}$ multiply-adds, like one full-width head.
+#
+# Now check the count against real modules: the library's `MultiHeadAttention` and PyTorch's
+# `nn.MultiheadAttention` (built on PyTorch's `meta` device: shapes only, no memory), for the paper's base size.
 
 # %%
-from transformer_lib.checks.ch03 import count_mha_parameters  # the reference: the rest of the chapter runs even if your answer is unfinished
-
-
 def parameters_of(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-print("worked example, d_model 4, 2 heads:", count_mha_parameters(4, 2), "with biases,",
-      count_mha_parameters(4, 2, bias=False), "without")
+print("worked example, d_model 4, 2 heads:", count_mha_parameters_impl(4, 2), "with biases,",
+      count_mha_parameters_impl(4, 2, bias=False), "without")
 with torch.device("meta"):
     for h in (1, 8):
-        module = MultiHeadAttention(512, h)
-        print(f"d_model 512, {h} head{'s' if h > 1 else ' '} of d_k = {module.d_k:>3}: {parameters_of(module):,} parameters")
-print(f"4 d^2 + 4 d for d = 512:              {4 * 512**2 + 4 * 512:,}")
+        for bias in (True, False):
+            library = MultiHeadAttention(512, h, bias=bias)
+            pytorch = nn.MultiheadAttention(512, h, bias=bias, batch_first=True)
+            print(f"d_model 512, {h} head{'s' if h > 1 else ' '}, bias={bias!s:<5}: count {count_mha_parameters_impl(512, h, bias):>9,}"
+                  f" | library {parameters_of(library):>9,} | nn.MultiheadAttention {parameters_of(pytorch):>9,}")
+print(f"4 d^2 + 4 d for d = 512: {4 * 512**2 + 4 * 512:,}")
 L = 128
 print(f"score multiply-adds for L = {L}: 1 head {1 * L * L * 512:,}, 8 heads {8 * L * L * 64:,}")
 
 # %% [markdown]
-# Exactly the same: 8 heads are not bigger than 1, they are the same parameters used differently.
+# All three agree, for 1 head and for 8: the same parameters, used differently.
 
 # %% [markdown]
 # ## 6. The layer as a module
@@ -516,12 +573,13 @@ print(f"score multiply-adds for L = {L}: 1 head {1 * L * L * 512:,}, 8 heads {8 
 # with the weights of `layer` from section 3 loaded (`load_state_dict(layer.state_dict())`), its output equals
 # `layer(x, x, x)`. `MultiHeadAttentionLayer(10, 3)` raises `ValueError`.
 #
-# You may use `split_heads`, `merge_heads`, `scaled_dot_product_attention` or PyTorch's fused
+# You may use `split_heads_impl`, `merge_heads_impl`, `scaled_dot_product_attention` or PyTorch's fused
 # `F.scaled_dot_product_attention` (same boolean mask convention: `True` = may attend).
 #
-# <details><summary>Hint 1</summary>Start <code>__init__</code> with <code>super().__init__()</code>, then the check, then the layers. In <code>forward</code>: <code>self.w_q(query)</code> is the <code>query @ w_q</code> of exercise 3, plus a bias.</details>
-# <details><summary>Hint 2</summary><code>q = split_heads(self.w_q(query), self.n_heads)</code> (same for k, v); unsqueeze a 3-D mask at dim 1;
-# <code>out, _ = scaled_dot_product_attention(q, k, v, mask)</code>; <code>return self.w_o(merge_heads(out))</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>Start <code>__init__</code> with <code>super().__init__()</code>, then the check, then the layers. In <code>forward</code>: <code>self.w_q(query)</code> is the <code>query @ w_q</code> of exercise 3, plus a bias.</details>
+# <details><summary>Hint 2 — the plan</summary>Keep <code>n_heads</code> (and <code>d_k</code>) on <code>self</code>. In <code>forward</code>: <code>self.w_q(query)</code> <code>[batch, L_q, d_model]</code> → split → <code>[batch, heads, L_q, d_k]</code> (k, v likewise);
+# a 3-D mask gets a heads dimension; attention per head → <code>[batch, heads, L_q, d_k]</code> → merge → <code>self.w_o(...)</code>.
+# First line of <code>forward</code>: <code>q = split_heads_impl(self.w_q(query), self.n_heads)  # [batch, heads, L_q, d_k]</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "multi_head_attention_layer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class MultiHeadAttentionLayer(nn.Module):
@@ -553,24 +611,34 @@ class MultiHeadAttentionLayer(nn.Module):
         ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "multi_head_attention_layer_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "multi_head_attention_layer_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_multi_head_attention_layer(MultiHeadAttentionLayer)
 ### BEGIN HIDDEN TESTS
 check_multi_head_attention_layer(MultiHeadAttentionLayer, hidden=True)
 ### END HIDDEN TESTS
 
+# %%
+MultiHeadAttentionLayer_impl = yours_or_reference(MultiHeadAttentionLayer, check_multi_head_attention_layer)
+
 # %% [markdown]
-# The library's `MultiHeadAttention` is this class with three additions: a `need_weights=True` switch that takes
-# the readable path (chapter 02's attention, keeping the weights in `last_weights` for pictures), a fused fast
-# path otherwise, and a cache for generation (chapter 07). PyTorch ships its own layer,
-# `torch.nn.MultiheadAttention`, which stores $W^Q, W^K, W^V$ stacked in one `in_proj_weight`. Copy our weights
-# into it and compare, on a cross-attention with padding (note PyTorch's opposite convention:
-# its `key_padding_mask` is `True` for the keys to **hide**):
+# PyTorch ships its own layer, `torch.nn.MultiheadAttention`, which stores $W^Q, W^K, W^V$ stacked in one
+# `in_proj_weight`. Copy the weights of a `MultiHeadAttentionLayer_impl` into it and compare, on a
+# cross-attention with padding (note PyTorch's opposite convention: its `key_padding_mask` is `True` for the
+# keys to **hide**). Our layer returns only its output; to see its attention weights, the small function
+# `head_weights` below recomputes them from the layer's `w_q` and `w_k` with `split_heads_impl`. Section 7 uses
+# it to look inside a trained layer.
 
 # %%
-from transformer_lib.attention import MultiHeadAttention as MultiHeadAttentionLayer  # the reference: the rest of the chapter runs even if your answer is unfinished
+def head_weights(layer: nn.Module, n_heads: int, query, key, mask=None) -> torch.Tensor:
+    """The attention weights [batch, heads, L_q, L_k] of a layer with projections w_q and w_k."""
+    q = split_heads_impl(layer.w_q(query), n_heads)  # [batch, heads, L_q, d_k]
+    k = split_heads_impl(layer.w_k(key), n_heads)  # [batch, heads, L_k, d_k]
+    if mask is not None and mask.dim() == 3:
+        mask = mask.unsqueeze(1)  # the same mask for every head
+    return scaled_dot_product_attention(q, k, k, mask=mask)[1]  # the values do not change the weights
 
-ours = MultiHeadAttentionLayer(12, 3).eval()
+
+ours = MultiHeadAttentionLayer_impl(12, 3).eval()
 theirs = nn.MultiheadAttention(12, 3, batch_first=True).eval()
 with torch.no_grad():
     theirs.in_proj_weight.copy_(torch.cat([ours.w_q.weight, ours.w_k.weight, ours.w_v.weight]))  # [3 d_model, d_model]
@@ -579,12 +647,18 @@ with torch.no_grad():
 
 decoder_side, encoder_side = torch.randn(2, 4, 12), torch.randn(2, 6, 12)
 visible = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])  # [batch, L_k]: True = real token
-ours_out = ours(decoder_side, encoder_side, encoder_side, mask=visible[:, None, :], need_weights=True)
-theirs_out, theirs_w = theirs(decoder_side, encoder_side, encoder_side, key_padding_mask=~visible,
-                              average_attn_weights=False)
+with torch.no_grad():
+    ours_out = ours(decoder_side, encoder_side, encoder_side, mask=visible[:, None, :])  # mask [batch, 1, L_k]
+    ours_w = head_weights(ours, 3, decoder_side, encoder_side, mask=visible[:, None, :])
+    theirs_out, theirs_w = theirs(decoder_side, encoder_side, encoder_side, key_padding_mask=~visible,
+                                  average_attn_weights=False)
 print("same outputs (to 1e-6):", torch.allclose(ours_out, theirs_out, atol=1e-6))
 print(f"same weights [batch, heads, L_q, L_k] = {list(theirs_w.shape)} (to 1e-6):",
-      torch.allclose(ours.last_weights, theirs_w, atol=1e-6))
+      torch.allclose(ours_w, theirs_w, atol=1e-6))
+
+# %% [markdown]
+# The library's `MultiHeadAttention` is the same layer with three additions: a `need_weights=True` switch that
+# keeps the weights in `last_weights`, a fused fast path otherwise, and a cache for generation (chapter 07).
 
 # %% [markdown]
 # ## 7. Do heads really learn different relations? Train a model
@@ -596,9 +670,10 @@ print(f"same weights [batch, heads, L_q, L_k] = {list(theirs_w.shape)} (to 1e-6)
 # output two tokens: the **first** token of the sequence, and the **previous** one (position $t - 1$).
 #
 # **The model** is as small as it can be: a token embedding plus a learned position embedding (chapter 04 explains
-# why attention needs positions), **one** `MultiHeadAttention` layer with a causal mask (position $t$ sees positions
-# $0 \dots t$), and two linear read-outs, one per question. No feed-forward network, no residual connection:
-# whatever the read-outs know came through the attention. $d_{model} = 32$.
+# why attention needs positions), **one** multi-head attention layer — your `MultiHeadAttentionLayer` if it passes
+# its check — with a causal mask (position $t$ sees positions $0 \dots t$), and two linear read-outs, one per
+# question. No feed-forward network, no residual connection: whatever the read-outs know came through the
+# attention. $d_{model} = 32$.
 #
 # We train it twice, with 4 heads ($d_k = 8$) and with 1 head ($d_k = 32$). By section 5 the two attention layers
 # have the same number of parameters. **Predict**: will they do equally well?
@@ -618,16 +693,22 @@ def make_batch(gen, n):
 class TwoQuestions(nn.Module):
     def __init__(self, n_heads):
         super().__init__()
+        self.n_heads = n_heads
         self.tok = nn.Embedding(VOCAB, D_MODEL)
         self.pos = nn.Embedding(SEQ, D_MODEL)
-        self.attn = MultiHeadAttention(D_MODEL, n_heads)
+        self.attn = MultiHeadAttentionLayer_impl(D_MODEL, n_heads)
         self.read_first = nn.Linear(D_MODEL, VOCAB)
         self.read_previous = nn.Linear(D_MODEL, VOCAB)
 
-    def forward(self, tokens, need_weights=False):
-        h = self.tok(tokens) + self.pos.weight[: tokens.shape[1]]  # [batch, seq, d_model]
-        z = self.attn(h, h, h, mask=causal_mask(tokens.shape[1]), need_weights=need_weights)
+    def embed(self, tokens):
+        return self.tok(tokens) + self.pos.weight[: tokens.shape[1]]  # [batch, seq, d_model]
+
+    def read_out(self, z):
         return self.read_first(z), self.read_previous(z)  # two [batch, seq, VOCAB] logits
+
+    def forward(self, tokens):
+        h = self.embed(tokens)
+        return self.read_out(self.attn(h, h, h, mask=causal_mask(tokens.shape[1])))
 
 
 def loss_fn(model, tokens, first, previous):
@@ -654,26 +735,99 @@ def train(n_heads, steps=300, seed=0):
 test_tokens, test_first, test_previous = make_batch(torch.Generator().manual_seed(1234), 2000)  # fresh sequences
 
 
-def accuracy(model):
-    with torch.no_grad():
-        logits_first, logits_previous = model(test_tokens)
-    ok_first = (logits_first.argmax(-1) == test_first)[:, 1:]  # positions 1 .. 9
+def accuracy_of(logits_first, logits_previous):
+    """Test accuracy at positions 1 .. 9: the first token, the previous token, both at once."""
+    ok_first = (logits_first.argmax(-1) == test_first)[:, 1:]
     ok_previous = (logits_previous.argmax(-1) == test_previous)[:, 1:]
     return ok_first.float().mean().item(), ok_previous.float().mean().item(), (ok_first & ok_previous).float().mean().item()
 
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-models, curves = {}, {}
-for n_heads in (4, 1):
-    start = time.perf_counter()
-    models[n_heads], curves[n_heads] = train(n_heads)
-    acc_first, acc_previous, acc_both = accuracy(models[n_heads])
-    print(f"{n_heads} head{'s' if n_heads > 1 else ' '}: trained in {time.perf_counter() - start:.1f} s | "
-          f"test accuracy: first token {acc_first:.3f}, previous token {acc_previous:.3f}, both {acc_both:.3f}")
+def accuracy(model):
+    with torch.no_grad():
+        return accuracy_of(*model(test_tokens))
+
 
 # %% [markdown]
-# (The cell above prints timings, which vary from run to run; the accuracies are those of this run.)
+# ### Measuring a head: where it looks, and how sharply
+#
+# Once trained, we will ask two questions of every head. **Where** does it look: how much weight does it give to
+# the first token, how much to the previous one? And **how sharply**: does it put nearly all its weight on one
+# key, or spread it? The second question has a standard measure, the **entropy** of a query's weights
+# $a_1, \dots, a_n$ (they are $\ge 0$ and sum to one, a probability distribution over the keys):
+#
+# $$H = -\sum_{j} a_j \log a_j .$$
+#
+# $H = 0$ when one key takes all the weight; $H = \log n$ when $n$ keys share it equally ($\log 2 \approx 0.69$ for
+# two). Studies of trained Transformers use it to tell sharp heads from broad ones: Clark et al. (2019, "What
+# Does BERT Look At?") measured the entropy of every head of BERT and found heads attending very broadly
+# next to heads that attend sharply; Voita et al. (2019) use a close cousin, a head's average maximum weight,
+# which they call its confidence.
+#
+# ### Exercise 6 — `attention_entropy`
+# > **Difficulty** ●○○ · **Importance** ●●○ · about 10 minutes
+#
+# Write `attention_entropy(weights)`.
+#
+# * `weights`: `[..., L_q, L_k]` (any number of leading dimensions, e.g. `[batch, heads, L_q, L_k]`): each row is a
+#   query's weights over the keys, $\ge 0$, summing to one — or all zeros for a query that may see no key.
+# * returns `[..., L_q]`: the entropy of every row, with the natural log (in *nats*). A key with weight exactly 0
+#   (a masked key) contributes 0, the limit of $a \log a$ as $a \to 0$.
+#
+# Worked example: the rows `[1, 0, 0, 0]`, `[0.25, 0.25, 0.25, 0.25]` and `[0.5, 0.5, 0, 0]` give
+# `[0.000, 1.386, 0.693]`, that is $0$, $\log 4$ and $\log 2$.
+#
+# <details><summary>Hint 1 — the idea</summary>One term per key, summed over the keys, with a minus sign. The catch is the masked keys:
+# in floating point <code>0 * log(0)</code> is <code>0 * (-inf)</code> = NaN, and one NaN spoils the whole sum.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: <code>[..., L_q, L_k]</code> → elementwise <code>a log a</code> (0 where <code>a = 0</code>) → sum over the keys (<code>dim=-1</code>) → <code>[..., L_q]</code>, then the sign.
+# <code>torch.xlogy(a, a)</code> computes <code>a * log(a)</code> and gives 0 where <code>a</code> is 0.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "attention_entropy", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def attention_entropy(weights: torch.Tensor) -> torch.Tensor:
+    """Entropy (in nats) of each query's attention weights: [..., L_q, L_k] -> [..., L_q]."""
+    ### BEGIN SOLUTION
+    return torch.special.entr(weights).sum(dim=-1)  # entr(a) = -a log a, and entr(0) = 0: masked keys add nothing
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "attention_entropy_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_attention_entropy(attention_entropy)
+### BEGIN HIDDEN TESTS
+check_attention_entropy(attention_entropy, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+attention_entropy_impl = yours_or_reference(attention_entropy, check_attention_entropy)
+
+worked = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25], [0.5, 0.5, 0.0, 0.0]])
+print("worked example:", attention_entropy_impl(worked))
+causal_uniform = causal_mask(SEQ).float() / causal_mask(SEQ).sum(dim=-1, keepdim=True)  # [SEQ, SEQ]: query t spreads over t + 1 keys
+print("a head spreading evenly over everything it may see, per query position:", attention_entropy_impl(causal_uniform))
+
+# %% [markdown]
+# Under the causal mask, query $t$ sees $t + 1$ keys, so the broadest it can be is $\log(t + 1)$: the second line.
+# Now train the two models (the times vary from run to run, so they are printed on their own):
+
+# %% tags=["nbval-ignore-output"]
+models, curves = {}, {}
+start = time.perf_counter()
+models[4], curves[4] = train(n_heads=4)
+print(f"4 heads: trained in {time.perf_counter() - start:.1f} s")
+
+# %% tags=["nbval-ignore-output"]
+start = time.perf_counter()
+models[1], curves[1] = train(n_heads=1)
+print(f"1 head: trained in {time.perf_counter() - start:.1f} s")
+
+# %% [markdown]
+# The result: accuracy on 2000 fresh test sequences.
+
+# %%
+for n_heads in (4, 1):
+    acc_first, acc_previous, acc_both = accuracy(models[n_heads])
+    print(f"{n_heads} head{'s' if n_heads > 1 else ' '}: test accuracy: first token {acc_first:.3f}, "
+          f"previous token {acc_previous:.3f}, both {acc_both:.3f}")
+
+# %% [markdown]
 # The training curves:
 
 # %%
@@ -688,19 +842,19 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Now the attention maps of one test sequence, with `need_weights=True`: one picture per head of the 4-head model,
-# and the single head of the other. Rows are the querying positions, columns the positions attended to; the causal
-# mask leaves the upper triangle empty.
+# Now the attention maps of one test sequence, computed with `head_weights`: one picture per head of the 4-head
+# model, and the single head of the other. Rows are the querying positions, columns the positions attended to;
+# the causal mask leaves the upper triangle empty.
 
 # %%
-example = test_tokens[:1]  # [1, SEQ]
+attention = {}  # n_heads -> weights [2000, heads, SEQ, SEQ] on the test sequences
+with torch.no_grad():
+    for n_heads, model in models.items():
+        h = model.embed(test_tokens)  # [2000, SEQ, d_model]
+        attention[n_heads] = head_weights(model.attn, n_heads, h, h, mask=causal_mask(SEQ))
+
 fig, axes = plt.subplots(1, 5, figsize=(8, 2.3))
-panels = []
-for n_heads in (4, 1):
-    with torch.no_grad():
-        models[n_heads](example, need_weights=True)
-    maps = models[n_heads].attn.last_weights[0]  # [heads, SEQ, SEQ]
-    panels += [(maps[i], f"4 heads: head {i}" if n_heads == 4 else "1 head") for i in range(n_heads)]
+panels = [(attention[4][0, i], f"4 heads: head {i}") for i in range(4)] + [(attention[1][0, 0], "1 head")]
 for ax, (m, title) in zip(axes, panels):
     ax.imshow(m, cmap="Blues", vmin=0, vmax=1)
     ax.set_title(title, fontsize=9)
@@ -712,25 +866,29 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# The same, measured over all 2000 test sequences: for queries at positions $t \ge 2$ (where "first" and "previous"
-# are different positions), the average weight each head gives to position 0 and to position $t - 1$:
+# The same, measured over all 2000 test sequences, for queries at positions $t \ge 2$ (where "first" and
+# "previous" are different positions): the average weight each head gives to position 0 and to position $t - 1$,
+# and its average entropy, with your `attention_entropy_impl`:
 
 # %%
 queries = torch.arange(2, SEQ)
+jobs = {}
 for n_heads in (4, 1):
-    with torch.no_grad():
-        models[n_heads](test_tokens, need_weights=True)
-    w = models[n_heads].attn.last_weights  # [2000, heads, SEQ, SEQ]
+    w = attention[n_heads]  # [2000, heads, SEQ, SEQ]
     on_first = w[:, :, 2:, 0].mean(dim=(0, 2))  # [heads]
     on_previous = w[:, :, queries, queries - 1].mean(dim=(0, 2))  # [heads]
-    print(f"{n_heads}-head model (d_k = {models[n_heads].attn.d_k}):")
+    entropy = attention_entropy_impl(w)[:, :, 2:].mean(dim=(0, 2))  # [heads], in nats
+    print(f"{n_heads}-head model (d_k = {D_MODEL // n_heads}):")
     for i in range(n_heads):
-        job = ("first token" if on_first[i] > 0.8 else "previous token" if on_previous[i] > 0.8 else "a mix")
+        jobs[n_heads, i] = ("first token" if on_first[i] > 0.8 else "previous token" if on_previous[i] > 0.8
+                            else "a mix")
         print(f"   head {i}: weight on the first token {on_first[i]:.2f}, on the previous token "
-              f"{on_previous[i]:.2f}  -> {job}")
+              f"{on_previous[i]:.2f}, entropy {entropy[i]:.2f}  -> {jobs[n_heads, i]}")
+print(f"for comparison: log 2 = {math.log(2):.2f} (two keys shared equally); spreading evenly over all visible "
+      f"keys: {attention_entropy_impl(causal_uniform)[2:].mean():.2f}")
 
 # The single head's split between the two tokens, for the query at position 6, sequence by sequence:
-w_single = models[1].attn.last_weights[:, 0, 6]  # [2000, SEQ]
+w_single = attention[1][:, 0, 6]  # [2000, SEQ]
 share_first = w_single[:, 0] / (w_single[:, 0] + w_single[:, 5])
 print(f"1 head, position 6: share of (first + previous) weight given to the first token ranges from "
       f"{share_first.min():.2f} to {share_first.max():.2f} across the test sequences")
@@ -740,18 +898,66 @@ print(f"1 head, position 6: share of (first + previous) weight given to the firs
 #
 # * In the 4-head model **each head picked one relation**: some put nearly all their weight on column 0 (the first
 #   token: a vertical stripe in the picture), the others on the diagonal just below the main one (the previous
-#   token). Nobody told them to divide the work; it is simply what lets the read-outs answer both questions
-#   exactly, since the concatenation keeps the two answers in separate coordinates, as in section 1. Several heads
-#   may end up doing the same job: nothing forbids redundancy.
+#   token). Their entropies are far below the single head's: sharp heads, each looking at one key. Nobody told
+#   them to divide the work; it is simply what lets the read-outs answer both questions exactly, since the
+#   concatenation keeps the two answers in separate coordinates, as in section 1. Several heads may end up doing
+#   the same job: nothing forbids redundancy.
 # * The single head has to serve both questions with one average. It spreads its weight over the first and the
-#   previous token — both stripes, each faded — exactly the blend of section 1. It still gets a good share of
-#   the answers right, by the trick announced there: the balance between the two tokens depends on which
-#   tokens they are (the last line printed above: from one sequence to the next, the same query gives the first
-#   token almost none or almost all of that weight), and the read-outs learn to decode it. But that trick is imperfect, as its accuracy above shows,
-#   while the 4-head model answers both questions on the same number of parameters.
+#   previous token — both stripes, each faded — exactly the blend of section 1, and its entropy is close to
+#   $\log 2 \approx 0.69$, the entropy of an even split between two keys. It still gets a good share of the answers right, by the trick announced there: the balance between
+#   the two tokens depends on which tokens they are (the last line printed above: from one sequence to the next,
+#   the same query gives the first token almost none or almost all of that weight), and the read-outs learn to
+#   decode it. But that trick is imperfect, as its accuracy above shows, while the 4-head model answers both
+#   questions on the same number of parameters. Vaswani et al. (2017, Table 3) saw the same on translation: one
+#   head of full width scored 0.9 BLEU below their best number of heads.
 #
-# Trained language models show the same division of labour on a larger scale: heads that track the previous
-# word, heads that link a pronoun to its noun, heads that follow syntax (document 000, §6.4).
+# ### Switching heads off
+#
+# If two heads do the same job, does the model need both? Michel et al. (2019, "Are Sixteen Heads Really Better
+# than One?") asked this of large trained models by **masking heads at test time** — multiplying a head's output
+# by 0 before $W^O$ — and found that a large share of heads can be removed without much loss, some layers down to a
+# single head. Our model is small enough to try every head. The function below recomputes the layer by hand, with
+# your `split_heads_impl` and `merge_heads_impl`, and zeroes the heads it is told to remove:
+
+# %%
+def accuracy_without(model, removed=()):
+    """Test accuracy with the heads in `removed` switched off: their outputs zeroed before W^O."""
+    layer, n_heads = model.attn, model.n_heads
+    with torch.no_grad():
+        h = model.embed(test_tokens)  # [2000, SEQ, d_model]
+        q, k, v = (split_heads_impl(w(h), n_heads) for w in (layer.w_q, layer.w_k, layer.w_v))  # [2000, heads, SEQ, d_k]
+        heads_out, _ = scaled_dot_product_attention(q, k, v, mask=causal_mask(SEQ))  # [2000, heads, SEQ, d_k]
+        heads_out[:, list(removed)] = 0.0
+        return accuracy_of(*model.read_out(layer.w_o(merge_heads_impl(heads_out))))
+
+
+four = models[4]
+trials = [(), (0,), (1,), (2,), (3,)]
+for job in ("first token", "previous token"):
+    together = tuple(i for i in range(4) if jobs[4, i] == job)  # every head that does this job
+    if together and together not in trials:
+        trials.append(together)
+print(f"{'heads removed':<40} first   previous  both")
+for removed in trials:
+    label = "none" if not removed else ", ".join(f"{i} ({jobs[4, i]})" for i in removed)
+    print(f"{label:<40} " + "   ".join(f"{a:.3f}" for a in accuracy_without(four, removed)))
+
+# %% [markdown]
+# With no head removed, the hand-made computation gives the model's own accuracy: the pieces you wrote rebuild the
+# layer exactly. Then read the table row by row:
+#
+# * Removing one head never touches the *other* question: a first-token head only ever costs first-token answers,
+#   a previous-token head only previous-token answers.
+# * Heads that share a job do not all matter equally. Some cost a good part of their question's answers when
+#   removed, because the read-out learned to rely on them; at least one can go at no cost at all, because a twin
+#   carries its answer — the redundancy Michel et al. found in large models.
+# * Removing **every** head of one job wipes out that question's answers, down to near chance (1/16 ≈ 0.06; a
+#   little more for the first token, since at position 1 the first token is also the previous one), and leaves
+#   the other question untouched: each relation lives in its own heads, and nowhere else.
+#
+# Trained language models show the same division of labour on a larger scale: heads that track the neighbouring
+# word, heads that follow syntax, heads that link a pronoun to its noun (Voita et al., 2019; Clark et al., 2019),
+# and many heads that can go with little loss (Michel et al., 2019).
 
 # %% [markdown]
 # ## Summary
@@ -765,10 +971,14 @@ print(f"1 head, position 6: share of (first + previous) weight given to the firs
 #   batched product; **merge** is `transpose(1, 2).reshape(batch, seq, d_model)`. Viewing without the
 #   transpose gives the right shape and the wrong numbers.
 # * $W^O$ **mixes** the concatenated heads: $\mathrm{Concat}(\mathrm{head}_i)\,W^O = \sum_i \mathrm{head}_i W^O_i$.
+# * A mask of shape `[batch, 1, L_k]` or `[batch, L_q, L_k]` needs a heads dimension, `unsqueeze(1)`, to reach every
+#   head of its own sentence; `[L_q, L_k]` broadcasts as it is.
 # * The layer has $4 d_{model}^2 + 4 d_{model}$ parameters for **any** number of heads: the same as one
 #   full-width head with $W^O$.
-# * Trained on a task with two relations, the heads of a 4-head layer specialised, one relation each, and
-#   answered both questions on the test sequences; a single head blended the two and did worse.
+# * Trained on a task with two relations, the heads of a 4-head layer specialised, one relation each, with
+#   entropies near 0, and answered both questions on the test sequences; a single head blended the two
+#   (entropy near $\log 2$) and did worse. Switching heads off showed a head the model did not need, and that
+#   each relation lived only in its own heads.
 #
 # ## What's next
 #
@@ -776,6 +986,16 @@ print(f"1 head, position 6: share of (first + previous) weight given to the firs
 # were nothing but positions. Attention itself is blind to order (chapter 02, section 8). Chapter 04,
 # **positional encoding**, shows how the Transformer tells positions apart: the sinusoidal encoding of the paper,
 # learned positions, and relative ones.
+
+# %% [markdown]
+# ## Where you stand
+#
+# Which of this chapter's exercises pass (run their test cells first; a failing one shows its one-line message
+# there, and the chapter used the library's version in its place):
+
+# %%
+exercise_summary(check_split_heads, check_merge_heads, check_multi_head_attention_forward,
+                 check_count_mha_parameters, check_multi_head_attention_layer, check_attention_entropy)
 
 # %% [markdown]
 # ## Glossary · 术语表
@@ -790,9 +1010,12 @@ print(f"1 head, position 6: share of (first + previous) weight given to the firs
 # | merge heads / concatenate | 拼接 | the inverse: the heads' outputs side by side again, `[batch, seq, d_model]` |
 # | transpose | 转置 | swap two dimensions; changes strides, moves no data |
 # | contiguous | 内存连续 | laid out row after row in memory; `view` needs it, `reshape` copies when it's not |
+# | broadcasting | 广播 | lining shapes up from the right and stretching size-1 dimensions, as a mask does over the heads |
 # | output projection $W^O$ | 输出投影 / 降维矩阵 | the $d_{model} \times d_{model}$ matrix that mixes the concatenated heads |
 # | parameter count | 参数量 | $4 d_{model}^2 + 4 d_{model}$ for multi-head attention, whatever $h$ is |
+# | entropy (of attention) | （注意力）熵 | $-\sum_j a_j \log a_j$: 0 for a head that looks at one key, $\log n$ for one spread over $n$ |
 # | head specialisation | 头的分工 | different heads of a trained model attending to different relations |
+# | head pruning | 注意力头剪枝 | switching heads off (their output set to 0) to see which ones the model needs |
 # | causal mask | 因果掩码 | position $t$ may attend only to positions $0 \dots t$ |
 # | padding mask | 填充掩码 | hides the padding keys of shorter sequences in a batch |
 # | cross-attention | 交叉注意力 | queries from one sequence, keys and values from another |

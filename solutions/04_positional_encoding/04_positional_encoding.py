@@ -25,12 +25,13 @@
 # 5. **Dot products** of two encodings depend only on the distance between the positions.
 # 6. **Why add and not concatenate.**
 # 7. **Learned positions** (BERT, GPT, ViT): a trained table, and its hard limit, `max_len`.
-# 8. **Relative positions**: a learned bias on the attention scores that depends on $j - i$ only.
+# 8. **Relative positions**: a learned bias per head on the attention scores that depends on $j - i$ only.
 # 9. **A comparison** of the three on two small tasks, one needing absolute and one needing relative positions.
 #
-# Four exercises are autograded: `sinusoidal_table`, `add_positions`, `rotation_for_offset` and
-# `relative_position_index`. When an answer is wrong, the test cell tells you which common mistake
-# it looks like.
+# Five exercises are autograded: `sinusoidal_table`, `add_positions`, `rotation_for_offset`,
+# `relative_position_index` and `relative_position_bias`. When an answer is wrong, the test cell tells
+# you which common mistake it looks like. Once an exercise passes, the rest of the chapter runs on
+# *your* function; until then it runs on the library's, and says so in one line.
 
 # %%
 import math
@@ -41,12 +42,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from transformer_lib.attention import MultiHeadAttention
+from transformer_lib.checks import exercise_summary, yours_or_reference
 from transformer_lib.checks.ch04 import (
     check_add_positions,
+    check_relative_position_bias,
     check_relative_position_index,
     check_rotation_for_offset,
     check_sinusoidal_table,
 )
+from transformer_lib.diagrams.ch04 import draw_positions_added, draw_relative_bias_lookup, draw_rotation_circle
 
 torch.manual_seed(0)
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -133,13 +137,13 @@ print("outputs of 他打我 = outputs of 我打他 reversed:", torch.allclose(ou
 # $[\sin 1, \cos 1, \sin 0.01, \cos 0.01] \approx [0.8415, 0.5403, 0.0100, 0.9999]$, and row 0 is
 # $[0, 1, 0, 1]$ (as row 0 is for every `d_model`).
 #
-# A warning from the sources: one of the course's documents writes this as a loop over the
-# dimension index `i` with `10000 ** (2 * i / d_model)`. There `i` is the dimension itself (0, 2, 4, …
-# for the sines), so the 2 is counted twice and every frequency but the first is wrong. The exponent is
+# A common slip, seen in many code snippets online: a loop over the dimension index `dim` with
+# `10000 ** (2 * dim / d_model)`. There `dim` is already the even dimension (0, 2, 4, … for the sines),
+# so the 2 is counted twice and every frequency but the first is wrong. The exponent is
 # (even dimension index) / `d_model`, that is $2i/d_{model}$ with $i$ the *pair* index.
 #
-# <details><summary>Hint 1</summary>Build the angles as an outer product: positions <code>[max_len, 1]</code> times frequencies <code>[1, d_model/2]</code>. Then write the sines into the even columns <code>pe[:, 0::2]</code> and the cosines into the odd columns <code>pe[:, 1::2]</code>.</details>
-# <details><summary>Hint 2</summary><code>omega = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)</code>; <code>angle = torch.arange(max_len, dtype=torch.float64)[:, None] * omega</code>; fill a zero table with <code>angle.sin()</code> and <code>angle.cos()</code>; return it as float32. (float64 for the angles keeps large positions accurate.)</details>
+# <details><summary>Hint 1 — the idea</summary>Every entry is the sine or cosine of one angle, position times frequency. Build all the angles at once as an outer product: positions <code>[max_len, 1]</code> times frequencies <code>[1, d_model/2]</code>. Then the sines go into the even columns and the cosines into the odd columns.</details>
+# <details><summary>Hint 2 — the plan</summary>Three tensors: <code>omega</code> <code>[d_model/2]</code> from <code>torch.arange(0, d_model, 2)</code> (that arange is already 2i); <code>angle = torch.arange(max_len, dtype=torch.float64)[:, None] * omega</code>, <code>[max_len, d_model/2]</code>; a zero table <code>[max_len, d_model]</code> whose strided slices <code>pe[:, 0::2]</code> and <code>pe[:, 1::2]</code> receive the sines and the cosines. Return float32 (float64 for the angles keeps large positions accurate).</details>
 
 # %% nbgrader={"grade": false, "grade_id": "sinusoidal_table", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
@@ -159,21 +163,23 @@ def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "sinusoidal_table_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "sinusoidal_table_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_sinusoidal_table(sinusoidal_table)
 ### BEGIN HIDDEN TESTS
 check_sinusoidal_table(sinusoidal_table, hidden=True)
 ### END HIDDEN TESTS
+
+# %%
+sinusoidal_table_impl = yours_or_reference(sinusoidal_table, check_sinusoidal_table)
 
 # %% [markdown]
 # The worked example, and the wavelength ($2\pi / \omega_i$, positions per full turn) of the fastest
 # and the slowest pair for the paper's $d_{model} = 512$:
 
 # %%
-from transformer_lib.positional import sinusoidal_encoding as sinusoidal_table  # the reference: the rest of the chapter runs even if your answer is unfinished
 from transformer_lib.positional import sinusoidal_frequencies
 
-print("sinusoidal_table(3, 4) =\n", sinusoidal_table(3, 4))
+print("sinusoidal_table(3, 4) =\n", sinusoidal_table_impl(3, 4))
 wavelength = 2 * math.pi / sinusoidal_frequencies(512)  # [256]
 print(f"d_model = 512: fastest pair turns every {wavelength[0]:.2f} positions, slowest every {wavelength[-1]:,.0f}")
 
@@ -184,7 +190,7 @@ print(f"d_model = 512: fastest pair turns every {wavelength[0]:.2f} positions, s
 # positions their hands have barely started to turn.
 
 # %%
-pe_picture = sinusoidal_table(100, 64)  # [100, 64]
+pe_picture = sinusoidal_table_impl(100, 64)  # [100, 64]
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3.6))
 im = ax1.imshow(pe_picture, cmap="RdBu", vmin=-1, vmax=1, aspect="auto")
 ax1.set_xlabel("dimension")
@@ -210,6 +216,14 @@ plt.show()
 # One detail matters later (chapter 07): a decoder that generates text feeds its tokens one at a time,
 # and the new token is not at position 0 but at position *offset* = the number of tokens already
 # generated. So the function takes an `offset`: the rows added are $PE_{offset}, \dots, PE_{offset + seq - 1}$.
+#
+# The picture below is the whole idea, drawn for a five-token sentence with 6 dimensions (colours: red
+# negative, blue positive). Each token's embedding is looked up by *what* the token is, each position
+# vector by *where* it stands. "the" appears twice: one embedding, two different sums.
+
+# %%
+draw_positions_added()
+plt.show()
 
 # %% [markdown]
 # ### Exercise 2 — `add_positions`
@@ -228,8 +242,8 @@ plt.show()
 # (The library's version also raises a `ValueError` when `offset + seq` runs past the table; the
 # checker doesn't ask you for that.)
 #
-# <details><summary>Hint 1</summary>The sequence length is <code>x.shape[1]</code> (not <code>len(x)</code>, which is the batch size). A <code>[seq, d_model]</code> slice of the table broadcasts over the batch.</details>
-# <details><summary>Hint 2</summary><code>return x + pe[offset : offset + x.shape[1]].to(x.dtype)</code></details>
+# <details><summary>Hint 1 — the idea</summary>You need <code>seq</code> consecutive rows of the table, starting at row <code>offset</code>. The sequence length is <code>x.shape[1]</code> (not <code>len(x)</code>, which is the batch size).</details>
+# <details><summary>Hint 2 — the plan</summary>A slice <code>pe[offset : ...]</code> of shape <code>[seq, d_model]</code> added to <code>x</code> <code>[batch, seq, d_model]</code> broadcasts over the batch by itself; convert it with <code>.to(x.dtype)</code> first so a float64 <code>x</code> stays float64.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "add_positions", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def add_positions(x: torch.Tensor, pe: torch.Tensor, offset: int = 0) -> torch.Tensor:
@@ -244,23 +258,25 @@ def add_positions(x: torch.Tensor, pe: torch.Tensor, offset: int = 0) -> torch.T
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "add_positions_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "add_positions_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_add_positions(add_positions)
 ### BEGIN HIDDEN TESTS
 check_add_positions(add_positions, hidden=True)
 ### END HIDDEN TESTS
 
+# %%
+add_positions_impl = yours_or_reference(add_positions, check_add_positions)
+
 # %% [markdown]
-# The library wraps this in a module, `SinusoidalPositionalEncoding(d_model, max_len)`, which keeps
-# the table as a *buffer* (it moves to the GPU with the model but is never trained) and adds it in
-# `forward(x, offset=0)`. Its table has `max_len` rows; a longer input is refused with a message
+# The worked example first. Then the library's module, `SinusoidalPositionalEncoding(d_model, max_len)`,
+# which keeps the table as a *buffer* (it moves to the GPU with the model but is never trained) and adds
+# it in `forward(x, offset=0)`. Its table has `max_len` rows; a longer input is refused with a message
 # naming the limit, instead of a shape error deep inside:
 
 # %%
-from transformer_lib.positional import add_positions  # the reference: the rest of the chapter runs even if your answer is unfinished
 from transformer_lib.positional import SinusoidalPositionalEncoding
 
-print("worked example:\n", add_positions(torch.zeros(1, 2, 4), sinusoidal_table(5, 4), offset=3))
+print("worked example:\n", add_positions_impl(torch.zeros(1, 2, 4), sinusoidal_table_impl(5, 4), offset=3))
 
 positions = SinusoidalPositionalEncoding(d_model, max_len=50)
 print("trainable parameters:", sum(p.numel() for p in positions.parameters()))
@@ -274,8 +290,9 @@ except ValueError as error:
 # same layer as in section 1), are the two pooled vectors still equal?
 
 # %%
+pe_small = sinusoidal_table_impl(50, d_model)  # [50, 16]
 with torch.no_grad():
-    y_a, y_b = positions(x_a), positions(x_b)  # [1, 3, 16]: embedding + position
+    y_a, y_b = add_positions_impl(x_a, pe_small), add_positions_impl(x_b, pe_small)  # [1, 3, 16]: embedding + position
     pos_out_a, pos_out_b = mha(y_a, y_a, y_a), mha(y_b, y_b, y_b)
 
 pooled_a, pooled_b = pos_out_a.mean(dim=1), pos_out_b.mean(dim=1)
@@ -291,7 +308,7 @@ print(f"largest difference between the two outputs of 打: {(pos_out_a[0, 1] - p
 # who hits.
 
 # %% [markdown]
-# ## 4. Moving $k$ positions is a rotation, the same at every position
+# ## 4. Moving k positions is a rotation, the same at every position
 #
 # Why sines and cosines, and why in pairs? Because of the angle-addition formulas. For one pair with
 # frequency $\omega$, write $a = pos\cdot\omega$ and $b = k\cdot\omega$:
@@ -308,9 +325,17 @@ print(f"largest difference between the two outputs of 打: {(pos_out_a[0, 1] - p
 # a matrix $M_k$ with $PE_{pos+k} = M_k\, PE_{pos}$ for every position at once. This is the property
 # the paper had in mind ("for any fixed offset $k$, $PE_{pos+k}$ can be represented as a linear
 # function of $PE_{pos}$"), and the reason it expected the model to "easily learn to attend by
-# relative positions" (document 000, §8, makes the same point): "three positions further on" is one
-# linear map, something a layer's weight matrices can represent, instead of a different thing at
-# every position.
+# relative positions": "three positions further on" is one linear map, something a layer's weight
+# matrices can represent, instead of a different thing at every position.
+#
+# The picture: each pair of dimensions is a point on the unit circle (its sine across, its cosine up),
+# one point per position. Moving $k = 2$ positions turns the point by the angle $2\omega_i$, and the red
+# arc (from position 1) and the blue arc (from position 4) have the same length: the turn does not depend
+# on where you start. The fast pair 0 turns 2 radians, the slower pair 1 only 0.63.
+
+# %%
+draw_rotation_circle(k=2, d_model=16, pairs=(0, 1))
+plt.show()
 
 # %% [markdown]
 # ### Exercise 3 — `rotation_for_offset`
@@ -326,8 +351,8 @@ print(f"largest difference between the two outputs of 打: {(pos_out_a[0, 1] - p
 # Worked example: `rotation_for_offset(1, 2)` is $\begin{pmatrix} \cos 1 & \sin 1 \\ -\sin 1 & \cos 1\end{pmatrix}
 # \approx \begin{pmatrix} 0.5403 & 0.8415 \\ -0.8415 & 0.5403 \end{pmatrix}$.
 #
-# <details><summary>Hint 1</summary>Compute the angles <code>k * omega</code> (shape <code>[d_model/2]</code>) and their cos and sin. Strided slices address the four entries of every block at once: <code>m[0::2, 0::2]</code> are the (even row, even column) entries, <code>m[0::2, 1::2]</code> (even row, odd column), and so on.</details>
-# <details><summary>Hint 2</summary><code>m[0::2, 0::2] = torch.diag(cos)</code>, <code>m[0::2, 1::2] = torch.diag(sin)</code>, <code>m[1::2, 0::2] = torch.diag(-sin)</code>, <code>m[1::2, 1::2] = torch.diag(cos)</code>, on a <code>torch.zeros(d_model, d_model)</code>. A Python loop over the pairs is fine too.</details>
+# <details><summary>Hint 1 — the idea</summary>Compute the angles <code>k * omega</code> (shape <code>[d_model/2]</code>, the same frequencies as in exercise 1) and their cos and sin. Each block needs those two numbers in four places. A Python loop over the pairs, filling <code>m[2*i : 2*i+2, 2*i : 2*i+2]</code>, is a fine way to start.</details>
+# <details><summary>Hint 2 — the plan</summary>Without a loop: start from <code>torch.zeros(d_model, d_model)</code>. The strided slice <code>m[0::2, 0::2]</code> is a <code>[d_model/2, d_model/2]</code> grid of the (even row, even column) entries; block <i>i</i>'s top-left entry is its diagonal element <i>(i, i)</i>, so <code>m[0::2, 0::2] = torch.diag(cos)</code>. The slices <code>[0::2, 1::2]</code>, <code>[1::2, 0::2]</code> and <code>[1::2, 1::2]</code> take the other three entries of every block the same way.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "rotation_for_offset", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def rotation_for_offset(k: int, d_model: int) -> torch.Tensor:
@@ -348,27 +373,35 @@ def rotation_for_offset(k: int, d_model: int) -> torch.Tensor:
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "rotation_for_offset_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "rotation_for_offset_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_rotation_for_offset(rotation_for_offset)
 ### BEGIN HIDDEN TESTS
 check_rotation_for_offset(rotation_for_offset, hidden=True)
 ### END HIDDEN TESTS
 
+# %%
+rotation_for_offset_impl = yours_or_reference(rotation_for_offset, check_rotation_for_offset)
+
 # %% [markdown]
 # Now check the property on a whole table: for several offsets $k$, apply the single matrix $M_k$ to
-# *every* position and compare with the table $k$ rows further down. In float64 (the library's
-# functions take a `dtype`) the only error left is rounding, below $10^{-13}$; in float32, below $10^{-6}$.
+# *every* position and compare with the table $k$ rows further down. With your float32 table and matrix
+# the error is float32 rounding, below $10^{-6}$. The library's versions of the two functions take a
+# `dtype`; in float64 the error left is below $10^{-13}$: the property is exact, only rounding remains.
 
 # %%
-from transformer_lib.positional import offset_rotation as rotation_for_offset  # the reference: the rest of the chapter runs even if your answer is unfinished
+from transformer_lib.positional import offset_rotation, sinusoidal_encoding
 
 max_len, d_pe = 500, 64
-for dtype in (torch.float64, torch.float32):
-    pe = sinusoidal_table(max_len, d_pe, dtype=dtype)  # [500, 64]
+tables = {
+    "float32, your functions": (sinusoidal_table_impl(max_len, d_pe), lambda k: rotation_for_offset_impl(k, d_pe)),
+    "float64, the library": (sinusoidal_encoding(max_len, d_pe, dtype=torch.float64),
+                             lambda k: offset_rotation(k, d_pe, dtype=torch.float64)),
+}
+for label, (pe, rotation) in tables.items():  # pe: [500, 64]
     for k in (1, 5, 50, 200):
-        m_k = rotation_for_offset(k, d_pe, dtype=dtype)  # [64, 64]
+        m_k = rotation(k)  # [64, 64]
         error = (pe[: max_len - k] @ m_k.T - pe[k:]).abs().max()  # all positions pos = 0 .. 499 - k at once
-        print(f"{str(dtype):>14}, k = {k:>3}: max over {max_len - k} positions of |M_k PE[pos] - PE[pos+k]| {below(error)}")
+        print(f"{label:>23}, k = {k:>3}: max over {max_len - k} positions of |M_k PE[pos] - PE[pos+k]| {below(error)}")
 
 # %% [markdown]
 # A second way to see it, without the formula: **learn** the matrix. Take a free $d \times d$ matrix and
@@ -381,11 +414,11 @@ for dtype in (torch.float64, torch.float32):
 # %%
 gen = torch.Generator().manual_seed(4)
 max_len, d_fit, k = 2000, 16, 5
-pe = sinusoidal_table(max_len, d_fit, dtype=torch.float64)  # [2000, 16]
+pe = sinusoidal_table_impl(max_len, d_fit).double()  # [2000, 16]
 order = torch.randperm(max_len - k, generator=gen)
 fit_pos, other_pos = order[:100], order[100:]
 m_fit_t = torch.linalg.lstsq(pe[fit_pos], pe[fit_pos + k]).solution  # [16, 16]: pe[fit] @ m_fit_t ~ pe[fit + k]
-m_k = rotation_for_offset(k, d_fit, dtype=torch.float64)
+m_k = rotation_for_offset_impl(k, d_fit).double()
 print(f"fitted on 100 positions; largest |fitted - M_k| entry:        {below((m_fit_t.T - m_k).abs().max())}")
 print(f"checked on the other {len(other_pos)} positions: largest error {below((pe[other_pos] @ m_fit_t - pe[other_pos + k]).abs().max())}")
 
@@ -417,7 +450,7 @@ plt.show()
 # a heatmap of $PE\,PE^\top$, what shape will lines of equal value have?
 
 # %%
-pe = sinusoidal_table(64, 64, dtype=torch.float64)  # [64, 64]
+pe = sinusoidal_table_impl(64, 64).double()  # [64, 64]
 gram = pe @ pe.T  # [64, 64]: PE_i . PE_j
 offset = torch.arange(64)[:, None] - torch.arange(64)[None, :]  # [64, 64]: i - j
 formula = torch.cos(offset[..., None] * sinusoidal_frequencies(64)).sum(-1)  # sum_m cos((i-j) w_m)
@@ -492,7 +525,7 @@ gen = torch.Generator().manual_seed(7)
 print(f"{'d_model':>7} | {'mean |cos|':>10} {'max |cos|':>9} | {'dirs for 99% of PE':>18} | {'word energy in them':>19}")
 for d in (8, 64, 512):
     words = torch.randn(1000, d, generator=gen, dtype=torch.float64)  # random embeddings, N(0, 1) entries
-    pe = sinusoidal_table(100, d, dtype=torch.float64)  # [100, d]
+    pe = sinusoidal_table_impl(100, d).double()  # [100, d]
     cos = F.normalize(words, dim=-1) @ F.normalize(pe, dim=-1).T  # [1000, 100]
     _, s, vh = torch.linalg.svd(pe, full_matrices=False)
     r = int(((s**2).cumsum(0) / (s**2).sum() < 0.99).sum()) + 1  # directions for 99% of the energy
@@ -542,7 +575,7 @@ class TinyAttentionModel(nn.Module):
         if kind == "learned":
             self.positions = LearnedPositionalEmbedding(D_TINY, max_len)
         elif kind == "sinusoidal":
-            self.positions = SinusoidalPositionalEncoding(D_TINY, max_len=1000)
+            self.register_buffer("pe", sinusoidal_table_impl(1000, D_TINY))  # [1000, d]: fixed, never trained
         elif kind == "relative":
             self.relative = RelativePositionBias(HEADS, max_distance)
         self.attn = MultiHeadAttention(D_TINY, HEADS)
@@ -551,10 +584,12 @@ class TinyAttentionModel(nn.Module):
     def forward(self, tokens: torch.Tensor, need_weights: bool = False) -> torch.Tensor:
         x = self.embed(tokens)  # [batch, L, d]
         length, bias = tokens.shape[1], None
-        if self.kind in ("learned", "sinusoidal"):
-            x = self.positions(x)  # absolute: added to the input
+        if self.kind == "learned":
+            x = self.positions(x)  # absolute: added to the input (the library's module refuses L > max_len)
+        elif self.kind == "sinusoidal":
+            x = add_positions_impl(x, self.pe)  # absolute: added to the input
         elif self.kind == "relative":
-            bias = self.relative(length, length)  # relative: added to the attention scores, [heads, L, L]
+            bias = relative_position_bias_impl(self.relative.table, length, length)  # [heads, L, L], added to the scores
         return self.readout(self.attn(x, x, x, bias=bias, need_weights=need_weights))  # [batch, L, VOCAB]
 
 
@@ -641,19 +676,29 @@ print("sinusoidal, 9 tokens -> output of shape", tuple(sinusoidal_model(longer).
 # ## 8. Relative positions
 #
 # Often what matters is not "word number 17" but "the word just before me" or "three words to the
-# left". **Relative** position methods encode exactly that (document 004, §12.3.1). Instead of
-# changing the input, they change the attention scores: for each head, a learned scalar
-# $b_{j-i}$ per offset is added to the score of query $i$ against key $j$,
+# left". **Relative** position methods encode exactly that: they leave the input alone and act inside
+# attention, on the pair (query $i$, key $j$), through the offset $j - i$ alone. (Prince, *Understanding
+# Deep Learning*, section 12.3, surveys absolute and relative encodings.) Two published forms:
 #
-# $$\mathrm{score}_{ij} = \frac{q_i \cdot k_j}{\sqrt{d_k}} + b_{\,\mathrm{clip}(j - i,\; -D,\; D)}.$$
+# * **Shaw et al. (2018)**, "Self-Attention with Relative Position Representations", learn a *vector*
+#   $a^K_{j-i}$ per clipped offset and add it to the key inside the score,
+#   $e_{ij} = q_i \cdot (k_j + a^K_{j-i}) / \sqrt{d_k}$, and a second vector $a^V_{j-i}$ to the value in
+#   the weighted sum, $z_i = \sum_j a_{ij} (v_j + a^V_{j-i})$. Offsets beyond a maximum distance $D$
+#   share the vector of $\pm D$ (clipping).
+# * **T5** (Raffel et al., 2020) adds a learned *scalar* per head to each score: $b^{(h)}$ of the offset's
+#   bucket. The buckets are exact for small offsets and logarithmically wider for large ones, up to 128.
 #
-# Offsets beyond a maximum distance $D$ are clipped, so all keys "far to the left" share one bias (T5
-# goes further and makes the buckets logarithmic). The table has $2D + 1$ entries per head, whatever
-# the sequence length, and $b$ depends on $j - i$ only: the same bias at position 3 and at position 3000.
-# To look the biases up we need, for every (query, key) pair, the index of its clipped offset in the table.
+# This chapter builds the scalar form, a **relative position bias**, with Shaw's simple clipping in place
+# of T5's logarithmic buckets. For head $h$,
 #
-# (Absolute encodings have variants too, also listed in document 004: added at every layer instead of
-# only at the input, or added to the queries and keys but not to the values.)
+# $$\mathrm{score}^{(h)}_{ij} = \frac{q_i \cdot k_j}{\sqrt{d_k}} + b^{(h)}_{\,\mathrm{clip}(j - i,\; -D,\; D)}.$$
+#
+# Each head's table has $2D + 1$ entries, whatever the sequence length, and $b$ depends on $j - i$ only:
+# the same bias at position 3 and at position 3000. Two exercises build it: first the index of every
+# (query, key) pair's clipped offset in the table, then the lookup that turns a table into a bias matrix.
+#
+# (Prince's section 12.3 also lists variants of absolute encodings: added at every layer instead of only
+# at the input, or added to the queries and keys but not to the values.)
 
 # %% [markdown]
 # ### Exercise 4 — `relative_position_index`
@@ -672,8 +717,8 @@ print("sinusoidal, 9 tokens -> output of shape", tuple(sinusoidal_model(longer).
 #  [0, 0, 1, 2]]
 # ```
 #
-# <details><summary>Hint 1</summary>Broadcasting builds all offsets at once: a row <code>[1, k_len]</code> of key positions minus a column <code>[q_len, 1]</code> of query positions is the <code>[q_len, k_len]</code> matrix of <code>j - i</code>. Then clip, then shift.</details>
-# <details><summary>Hint 2</summary><code>(torch.arange(k_len)[None, :] - torch.arange(q_len)[:, None]).clamp(-max_distance, max_distance) + max_distance</code></details>
+# <details><summary>Hint 1 — the idea</summary>Three steps: the offset <code>j - i</code> of every pair, then clip it to <code>[-D, D]</code>, then shift it by <code>D</code> so it becomes a valid index 0 … 2D.</details>
+# <details><summary>Hint 2 — the plan</summary>Broadcasting builds all offsets at once: a row <code>[1, k_len]</code> of key positions minus a column <code>[q_len, 1]</code> of query positions is the <code>[q_len, k_len]</code> matrix of <code>j - i</code>, as in <code>offset = torch.arange(k_len)[None, :] - torch.arange(q_len)[:, None]</code>. Then <code>.clamp(...)</code> with both bounds, then add. <code>torch.arange</code> gives int64 already.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "relative_position_index", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def relative_position_index(q_len: int, k_len: int, max_distance: int) -> torch.Tensor:
@@ -689,37 +734,101 @@ def relative_position_index(q_len: int, k_len: int, max_distance: int) -> torch.
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "relative_position_index_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "relative_position_index_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_relative_position_index(relative_position_index)
 ### BEGIN HIDDEN TESTS
 check_relative_position_index(relative_position_index, hidden=True)
 ### END HIDDEN TESTS
 
+# %%
+relative_position_index_impl = yours_or_reference(relative_position_index, check_relative_position_index)
+print("relative_position_index(4, 4, 2) =\n", relative_position_index_impl(4, 4, 2))
+
 # %% [markdown]
-# The library's `RelativePositionBias(n_heads, max_distance)` holds the table, `[n_heads, 2D + 1]`,
-# and its `forward(q_len, k_len)` returns the biases `[n_heads, L_q, L_k]` by indexing the table with
-# these indices; `MultiHeadAttention` adds them to its scores through `bias=`. Below, a table filled by
-# hand (head 0 prefers the previous token, head 1 the next one) shows the structure: every diagonal
-# of the bias matrix holds one value.
+# ### From a table to a bias matrix
+#
+# Each head owns a table of $2D + 1$ numbers, one per clipped offset. The bias matrix of a head is the
+# table *looked up* (gathered) with the index of exercise 4: entry $(i, j)$ is the table entry of the offset
+# $j - i$. So every diagonal of the matrix holds one value, and a head that wants "the previous token" only
+# has to raise one number, the entry of offset $-1$:
 
 # %%
-from transformer_lib.positional import relative_offsets as relative_position_index  # the reference: the rest of the chapter runs even if your answer is unfinished
+draw_relative_bias_lookup(max_distance=2, length=6)
+plt.show()
 
-print("relative_position_index(4, 4, 2) =\n", relative_position_index(4, 4, 2))
+# %% [markdown]
+# ### Exercise 5 — `relative_position_bias`
+# > **Difficulty** ●●○ · **Importance** ●●○ · about 10 minutes
+#
+# Write `relative_position_bias(table, q_len, k_len)`.
+#
+# * `table`: `[heads, 2D + 1]`, one learned scalar per head and clipped offset; column $m + D$ holds the
+#   bias of offset $m$, so $D$ = `(table.shape[1] - 1) // 2`.
+# * returns `[heads, q_len, k_len]`, in the table's dtype, with entry `[h, i, j]` equal to
+#   `table[h, clip(j - i, -D, D) + D]`. Added to scores `[batch, heads, q_len, k_len]`, it broadcasts over
+#   the batch.
+#
+# Worked example: with `table = torch.tensor([[0., 3., 0., 0., 0.]])` (one head, $D = 2$, a bonus of 3
+# for offset $-1$), `relative_position_bias(table, 3, 3)` is
+# ```
+# [[[0., 0., 0.],
+#   [3., 0., 0.],
+#   [0., 3., 0.]]]
+# ```
+# Every query gets the bonus on the key just before it.
+#
+# The table is trained, so build the result by *indexing* the table (the gradient then reaches it), not by
+# copying numbers out with `.item()`. You may call `relative_position_index_impl` (your exercise 4, or the
+# library's if yours does not pass yet).
+#
+# <details><summary>Hint 1 — the idea</summary>The index of exercise 4 tells, for every pair <code>(i, j)</code>, which column of the table it needs. Indexing a tensor with an integer tensor returns a tensor of the index's shape, filled with the entries it points to.</details>
+# <details><summary>Hint 2 — the plan</summary>First <code>index = relative_position_index_impl(q_len, k_len, D)</code>, <code>[q_len, k_len]</code> int64. Then index the table's <em>second</em> dimension with it and keep the first (the heads) whole: the result is <code>[heads, q_len, k_len]</code>, heads first.</details>
 
+# %% nbgrader={"grade": false, "grade_id": "relative_position_bias", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def relative_position_bias(table: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
+    """The bias each head adds to its scores: bias[h, i, j] = table[h, clip(j - i, -D, D) + D].
+
+    table: [heads, 2D + 1]. Returns [heads, q_len, k_len] in the table's dtype.
+    """
+    ### BEGIN SOLUTION
+    max_distance = (table.shape[1] - 1) // 2
+    offset = torch.arange(k_len)[None, :] - torch.arange(q_len)[:, None]  # [L_q, L_k]: j - i
+    index = offset.clamp(-max_distance, max_distance) + max_distance  # [L_q, L_k]: a column of the table
+    return table[:, index]  # [heads, L_q, L_k]: a gather, so gradients reach the table
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "relative_position_bias_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_relative_position_bias(relative_position_bias)
+### BEGIN HIDDEN TESTS
+check_relative_position_bias(relative_position_bias, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+relative_position_bias_impl = yours_or_reference(relative_position_bias, check_relative_position_bias)
+
+# %% [markdown]
+# The library's `RelativePositionBias(n_heads, max_distance)` is a module around this lookup: it holds the
+# table, `[n_heads, 2D + 1]`, as a parameter (initialised to zeros: no preference for any offset), and
+# `MultiHeadAttention` adds the bias to its scores through `bias=`. Below, a table filled by hand (head 0
+# prefers the previous token, head 1 the next one), looked up with your function: every diagonal of the
+# bias matrix holds one value.
+
+# %%
 relative = RelativePositionBias(n_heads=2, max_distance=2)  # table [2, 5]: offsets -2 .. 2
 with torch.no_grad():
     relative.table.copy_(torch.tensor([[0.0, 3.0, 0.0, 0.0, 0.0],     # head 0: +3 for offset -1
                                        [0.0, 0.0, 0.0, 3.0, 0.0]]))   # head 1: +3 for offset +1
-bias = relative(5, 5)  # [2, 5, 5]
+bias = relative_position_bias_impl(relative.table, 5, 5)  # [2, 5, 5]
 print("head 0 bias:\n", bias[0].detach())
+print("gradients reach the table:", bias.requires_grad)
 
 # %% [markdown]
 # Two practical points. First, during generation with a key/value cache (chapter 07), the one new query
-# sits at the *last* position, not at position 0; `forward(q_len, k_len, q_offset)` places the queries
-# there, and its result must equal the last rows of the full matrix. Second, the bias must give the same
-# attention on both of `MultiHeadAttention`'s paths, the readable one (`need_weights=True`) and PyTorch's
-# fused kernel:
+# sits at the *last* position, not at position 0; the module's `forward(q_len, k_len, q_offset)` places the
+# queries there, and its result must equal the last rows of the full matrix. Second, the bias must give the
+# same attention on both of `MultiHeadAttention`'s paths, the readable one (`need_weights=True`, which
+# computes the scores, adds the bias, then takes the softmax) and PyTorch's fused kernel:
 
 # %%
 print("one query at position 4 == last row of the full matrix:", torch.equal(relative(1, 5, q_offset=4), bias[:, -1:]))
@@ -742,7 +851,10 @@ print("head 0, attention of query 3 over the 5 keys:", attention.last_weights[0,
 # | longest input | any (computed on demand) | `max_len`, a hard limit | any (far offsets are clipped) |
 # | knows "position 5" | yes | yes | no, only offsets |
 # | knows "two to my left" | through the rotation $M_k$, learnable | only if trained at every position | directly |
-# | used in | the original Transformer | BERT, GPT-2, ViT | Shaw et al. 2018, T5, Swin (chapter 12) |
+# | used in | the original Transformer | BERT, GPT-2, ViT | T5 (Raffel et al. 2020), Swin (chapter 12) |
+#
+# (Shaw et al. 2018 is relative too, but acts differently: learned vectors per offset added to the keys and
+# values inside attention, rather than one scalar per head added to the scores.)
 #
 # Two small experiments test the middle rows. **Reverse** (length 8) needs absolute positions: the
 # target position $7 - i$ depends on $i$. **Copy the previous token** (length 16) needs only the offset
@@ -830,15 +942,27 @@ print(f"relative model at L=32: mean weight on the previous token {on_previous.m
 #   $PE_i \cdot PE_j$ depend only on $|i - j|$.
 # * **Adding instead of concatenating** saves width; concatenation followed by a linear map is itself an
 #   addition; and in high dimension word and position vectors are nearly orthogonal.
-# * **Learned positions** train well but stop at `max_len`. **Relative biases** know only offsets: useless
-#   for reversing, perfect for "the previous token" at any length. Sinusoidal vectors exist at every
-#   length, but a model trained on short inputs need not use them well on long ones.
+# * **Learned positions** train well but stop at `max_len`. **Relative position biases** (a scalar per head
+#   and clipped offset, gathered from a table, as in T5) know only offsets: useless for reversing, perfect
+#   for "the previous token" at any length. Shaw et al.'s relative representations are the vector version,
+#   added to keys and values. Sinusoidal vectors exist at every length, but a model trained on short
+#   inputs need not use them well on long ones.
 #
 # ## What's next
 #
 # We now have every ingredient of the attention sub-layer: embeddings with positions, multi-head
 # attention. Chapter 05 wraps it into a full **encoder layer**: residual connections, layer
 # normalisation, and the position-wise feed-forward network, then stacks the layers.
+
+# %% [markdown]
+# ## Where you stand
+#
+# Which of this chapter's exercises pass (run after finishing them; an exercise that does not pass yet
+# says what its check found):
+
+# %%
+exercise_summary(check_sinusoidal_table, check_add_positions, check_rotation_for_offset,
+                 check_relative_position_index, check_relative_position_bias)
 
 # %% [markdown]
 # ## Glossary · 术语表
@@ -857,6 +981,8 @@ print(f"relative model at L=32: mean weight on the previous token {on_previous.m
 # | learned positional embedding | 可学习位置编码 | a trained table with one vector per position (BERT, GPT-2, ViT) |
 # | max_len | 最大长度 | the number of rows of a positional table; longer inputs have no vector |
 # | extrapolation | 外推 | running a model on sequences longer than it was trained on |
-# | relative position bias | 相对位置偏置 | a learned scalar per head and offset, added to the attention scores |
+# | relative position bias | 相对位置偏置 | a learned scalar per head and offset, added to the attention scores (T5) |
+# | relative position representation | 相对位置表示 | Shaw et al.: learned vectors per offset, added to the keys and values inside attention |
+# | gather (table lookup) | 查表 / 按索引取值 | indexing a table with an integer tensor: the result has the index's shape |
 # | clipping | 截断 | offsets beyond $\pm D$ share the bias of $\pm D$ |
 # | add vs concatenate | 相加与拼接 | combining word and position vectors by $x + p$ rather than $[x \,|\, p]$ |

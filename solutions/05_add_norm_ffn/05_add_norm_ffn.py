@@ -27,10 +27,16 @@
 # 5. **Post-norm vs pre-norm**: where the norm goes, what that does to gradients at initialisation, and why
 #    the paper needed a learning-rate warm-up.
 # 6. **The encoder layer**, assembled from these parts and checked against PyTorch's own.
-# 7. **The stack**: shapes through six layers, and the parameter count of the paper's base encoder.
+# 7. **The stack**: six layers run by your code, and the parameter count of the paper's base encoder.
 #
-# Four exercises are autograded: `layer_norm`, `feed_forward`, `add_and_norm` and the `EncoderBlock` class.
-# When an answer is wrong, the test cell says which common mistake it looks like.
+# Six exercises are autograded: `layer_norm`, `batch_norm`, `feed_forward`, `add_and_norm`,
+# `encoder_layer_forward` and `encoder_forward`. Each builds on the ones before: the encoder stack at the end runs
+# on your layer, your add & norm and your LayerNorm where they pass their checks. When an answer is wrong, the
+# test cell says which common mistake it looks like.
+#
+# The textbook treatment of this chapter's material is Simon J. D. Prince, *Understanding Deep Learning* (MIT
+# Press, 2023), section 12.4; the paper is Vaswani et al., "Attention Is All You Need" (NeurIPS 2017),
+# sections 3.1 and 3.3.
 
 # %%
 import math
@@ -39,13 +45,16 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn as nn
 
-from transformer_lib.attention import MultiHeadAttention
+from transformer_lib.checks import exercise_summary, yours_or_reference
 from transformer_lib.checks.ch05 import (
     check_add_and_norm,
-    check_encoder_block,
+    check_batch_norm,
+    check_encoder_forward,
+    check_encoder_layer_forward,
     check_feed_forward,
     check_layer_norm,
 )
+from transformer_lib.diagrams.ch05 import draw_norm_axes, draw_post_vs_pre_norm
 from transformer_lib.layers import Encoder, EncoderLayer, LayerNorm, PositionwiseFeedForward, count_parameters
 from transformer_lib.masks import padding_mask
 
@@ -57,18 +66,24 @@ torch.set_printoptions(precision=4, sci_mode=False)
 #
 # A deep network is a long chain of functions, and backpropagation multiplies their Jacobians, one per layer.
 # If each layer shrinks the gradient by a factor of 0.5, thirty layers shrink it by $0.5^{30}$, about one
-# billionth (printed below): the first layers receive essentially no learning signal. This is the **vanishing gradient** problem that
-# kept networks shallow until 2015.
+# billionth (printed below): the first layers receive essentially no learning signal. This is the **vanishing
+# gradient** problem.
 #
-# The fix of ResNets (He et al., 2015), which the Transformer reuses around every sub-layer, is to learn a
-# *correction* to the input instead of a replacement for it:
+# It did not stop networks from growing, but it made depth expensive. By 2014 careful initialisation, ReLUs and
+# a few tricks had taken image classifiers to about twenty layers: VGG-19 (Simonyan & Zisserman, 2014), and
+# GoogLeNet's 22 layers (Szegedy et al., 2014), which added auxiliary classifiers half-way up to inject extra
+# gradient. Batch normalisation (Ioffe & Szegedy, 2015) and highway networks (Srivastava et al., 2015), whose
+# gated shortcuts let the signal skip layers, pushed further. Yet simply adding more plain layers made even the
+# *training* error worse. Residual networks (He et al., "Deep Residual Learning for Image Recognition", CVPR 2016,
+# first posted in 2015) fixed that with the simplest possible shortcut, and made networks of 152 layers (on
+# ImageNet) and over a thousand (on CIFAR-10) trainable. The Transformer puts the same shortcut around every
+# sub-layer. Instead of a replacement for its input, a layer learns a *correction* to it:
 #
 # $$y = x + F(x).$$
 #
 # Differentiate: $\dfrac{\partial y}{\partial x} = I + \dfrac{\partial F}{\partial x}$. Whatever $F$ does, the
 # identity $I$ passes the gradient from $y$ back to $x$ untouched. Through a stack of such layers there is
 # always one path, the chain of shortcuts, along which the gradient is not multiplied by anything at all.
-# (Source 000 §9 describes the same picture: the shortcut lets the gradient travel back the way it came.)
 #
 # **Predict** before running: we build 30 layers, each $F(x) = \tanh(xW + b)$ with PyTorch's default
 # initialisation, once as a plain chain $x \leftarrow F(x)$ and once with shortcuts $x \leftarrow x + F(x)$. We
@@ -125,9 +140,9 @@ plt.show()
 # %% [markdown]
 # ## 2. LayerNorm, exactly
 #
-# **Layer normalisation** (Ba et al., 2016) takes one vector $x \in \mathbb{R}^{d}$, the $d$ features of one
-# token at one position, and rescales it to mean 0 and variance 1, then lets the model choose a scale and a
-# shift per feature:
+# **Layer normalisation** (Ba, Kiros & Hinton, "Layer Normalization", 2016) takes one vector $x \in \mathbb{R}^{d}$,
+# the $d$ features of one token at one position, and rescales it to mean 0 and variance 1, then lets the model
+# choose a scale and a shift per feature:
 #
 # $$\mu = \frac{1}{d}\sum_{i=1}^{d} x_i, \qquad \sigma^2 = \frac{1}{d}\sum_{i=1}^{d} (x_i - \mu)^2, \qquad
 # \mathrm{LayerNorm}(x)_i = \gamma_i\, \frac{x_i - \mu}{\sqrt{\sigma^2 + \epsilon}} + \beta_i .$$
@@ -155,13 +170,16 @@ plt.show()
 #   `gamma` and shifted by `beta`.
 #
 # Worked example: `x = [1., 2., 3., 4.]` has mean 2.5 and (biased) variance 1.25; with `gamma` all ones and
-# `beta` all zeros the output is about `[-1.3416, -0.4472, 0.4472, 1.3416]`.
+# `beta` all zeros the output is about `[-1.3416, -0.4472, 0.4472, 1.3416]`. A constant vector such as
+# `[2., 2., 2.]` has variance 0: the output is `beta`, not NaN.
 #
-# <details><summary>Hint 1</summary>Reduce over <code>dim=-1</code> with <code>keepdim=True</code>, so that the
-# <code>[..., 1]</code> mean and variance broadcast against <code>[..., d]</code>.</details>
-# <details><summary>Hint 2</summary><code>mean = x.mean(dim=-1, keepdim=True)</code>;
-# <code>var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)</code>;
-# <code>return gamma * (x - mean) / torch.sqrt(var + eps) + beta</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>Reduce over <code>dim=-1</code> with <code>keepdim=True</code>, so
+# that the mean and the variance, of shape <code>[..., 1]</code>, broadcast against <code>x</code> of shape
+# <code>[..., d]</code>. Everything else is the formula above, term by term.</details>
+# <details><summary>Hint 2 — the plan</summary><code>mean</code>: <code>[..., 1]</code>; <code>var</code>:
+# <code>[..., 1]</code>, the mean of <code>(x - mean) ** 2</code> over the last dimension (or
+# <code>x.var(dim=-1, keepdim=True, unbiased=False)</code>); <code>x_hat = (x - mean) / torch.sqrt(var + eps)</code>:
+# <code>[..., d]</code>; then scale and shift it.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "layer_norm", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def layer_norm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -177,47 +195,50 @@ def layer_norm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: fl
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "layer_norm_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "layer_norm_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_layer_norm(layer_norm)
 ### BEGIN HIDDEN TESTS
 check_layer_norm(layer_norm, hidden=True)
 ### END HIDDEN TESTS
 
+# %%
+layer_norm_impl = yours_or_reference(layer_norm, check_layer_norm)
+
 # %% [markdown]
-# The worked example, and the library's version against PyTorch's `nn.LayerNorm` with the same random
-# $\gamma$ and $\beta$:
+# The worked example, and `layer_norm_impl` (your function if it passed, the library's otherwise) against PyTorch's
+# `nn.LayerNorm` with the same random $\gamma$ and $\beta$:
 
 # %%
-from transformer_lib.layers import layer_norm  # the reference: the rest of the chapter runs even if your answer is unfinished
-
-print(layer_norm(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.ones(4), torch.zeros(4)))
+print(layer_norm_impl(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.ones(4), torch.zeros(4)))
+print(layer_norm_impl(torch.tensor([2.0, 2.0, 2.0]), torch.ones(3), torch.zeros(3)))
 
 x = torch.randn(2, 5, 16) * 3 + 1  # [batch, seq, d]
 torch_norm = nn.LayerNorm(16)
 with torch.no_grad():
     torch_norm.weight.normal_()
     torch_norm.bias.normal_()
-ours = layer_norm(x, torch_norm.weight, torch_norm.bias)
-print(f"max |ours - nn.LayerNorm| = {(ours - torch_norm(x)).abs().max():.1e}")
+    ours = layer_norm_impl(x, torch_norm.weight, torch_norm.bias)
+    print(f"max |ours - nn.LayerNorm| = {(ours - torch_norm(x)).abs().max():.1e}")
 
 # %% [markdown]
-# A note on the source documents. The LayerNorm code printed in source 000 (§9) divides by `x.std(-1) + eps`
-# with `eps = 1e-6`: the *unbiased* standard deviation, and $\epsilon$ *outside* the root. That is a
-# different function from `nn.LayerNorm`, noticeably so for small $d$ (the factor between the two standard
-# deviations is $\sqrt{d/(d-1)}$), and for nearly constant vectors (where the position of $\epsilon$ decides):
+# A variant you will meet in tutorial code. The LayerNorm of the Annotated Transformer (Rush, "The Annotated
+# Transformer", 2018), copied into many tutorials, divides by `x.std(-1) + eps` with `eps = 1e-6`: the
+# *unbiased* standard deviation, and $\epsilon$ *outside* the root. That is a different function from
+# `nn.LayerNorm`, noticeably so for small $d$ (the factor between the two standard deviations is
+# $\sqrt{d/(d-1)}$), and for nearly constant vectors (where the position of $\epsilon$ decides):
 
 # %%
-def source_000_layer_norm(x, eps=1e-6):  # as printed in source 000, gamma = 1, beta = 0
+def std_plus_eps_layer_norm(x, eps=1e-6):  # the tutorial variant, gamma = 1, beta = 0
     return (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + eps)
 
 
 for d in [4, 64, 512]:
     v = torch.randn(1000, d)
-    gap = (source_000_layer_norm(v) - layer_norm(v, torch.ones(d), torch.zeros(d))).abs().max()
+    gap = (std_plus_eps_layer_norm(v) - layer_norm_impl(v, torch.ones(d), torch.zeros(d))).abs().max()
     print(f"d = {d:3d}: max difference {gap:.4f}   sqrt(d/(d-1)) = {math.sqrt(d / (d - 1)):.4f}")
 flat = torch.tensor([[1.0, 1.001, 0.999, 1.0]])  # a nearly constant vector
-print("nearly constant vector, source 000:", source_000_layer_norm(flat))
-print("nearly constant vector, nn.LayerNorm:", layer_norm(flat, torch.ones(4), torch.zeros(4)))
+print("nearly constant vector, std + eps:    ", std_plus_eps_layer_norm(flat))
+print("nearly constant vector, nn.LayerNorm: ", layer_norm_impl(flat, torch.ones(4), torch.zeros(4)))
 
 # %% [markdown]
 # Both are normalisations and both train; but if you load weights trained with one into the other, the outputs
@@ -227,22 +248,85 @@ print("nearly constant vector, nn.LayerNorm:", layer_norm(flat, torch.ones(4), t
 # %% [markdown]
 # ## 3. Why LayerNorm and not BatchNorm?
 #
-# Vision networks normalise with **BatchNorm**: for each feature, the mean and variance are taken over the
-# *batch* (and, for sequences, over all positions too). Source 000 (§9) explains why Transformers don't: the
-# sentences of a batch have different lengths and interfere with one another. Let's see that interference.
+# Vision networks normalise with **BatchNorm** (Ioffe & Szegedy, 2015): for each feature, the mean and variance
+# are taken over the *batch* (and, for sequences, over all positions too). LayerNorm takes them the other way:
+# over the features of one token. The picture shows which values each pools into one mean and one variance, for
+# a batch of three sentences padded to five positions:
+
+# %%
+draw_norm_axes()
+plt.show()
+
+# %% [markdown]
+# Transformers do not use BatchNorm, because the sentences of a batch have different lengths and interfere with
+# one another through those shared statistics. Prince (*Understanding Deep Learning*, section 12.4) puts it in one
+# line: LayerNorm is like BatchNorm, but it normalises over the $D$ dimensions of each token embedding instead of
+# over the batch. To see the interference we need a BatchNorm for padded batches, which is the next exercise.
+
+# %% [markdown]
+# ### Exercise 2 — `batch_norm`
+# > **Difficulty** ●●○ · **Importance** ●●○ · about 10 minutes
 #
-# We take three "sentences" of 4, 7 and 2 tokens with 8 features each (random vectors, with a different scale
-# per sentence, as real sentences differ). To put them in one tensor, shorter sentences are **padded** with zero
-# vectors up to the longest length. We then look at sentence A (4 tokens) in three situations:
+# Write `batch_norm(x, mask=None, eps=1e-5)`, BatchNorm without its learned scale and shift (what
+# `nn.BatchNorm1d(d, affine=False)` computes in training mode):
+#
+# * `x`: `[batch, seq, d]`.
+# * `mask`: `None` (every position is a real token) or a boolean `[batch, seq]`, `True` for a real token,
+#   `False` for padding.
+# * returns `[batch, seq, d]`: every feature normalised with **one** mean and **one** biased variance, taken over
+#   all the real tokens of all the sentences; every position, padding included, is normalised with those
+#   statistics (padding only stays out of the statistics).
+#
+# Worked example: one feature (`d = 1`), `x = [[[1.], [3.]], [[5.], [0.]]]`, `mask = [[True, True], [True, False]]`.
+# The real tokens are 1, 3 and 5: mean 3, variance 8/3, so the output is about
+# `[[[-1.2247], [0.]], [[1.2247], [-1.8371]]]` (the padding's 0 becomes $-3/\sqrt{8/3}$).
+#
+# <details><summary>Hint 1 — the idea</summary>A mask is easiest as weights: 1.0 for a real token, 0.0 for
+# padding. A masked mean is a weighted sum divided by the sum of the weights; the variance is the masked mean of
+# <code>(x - mean) ** 2</code>. Without a mask, every weight is 1.</details>
+# <details><summary>Hint 2 — the plan</summary>weights <code>w = mask[..., None].to(x.dtype)</code>:
+# <code>[batch, seq, 1]</code>; the number of real tokens: <code>w.sum()</code>; <code>mean</code> and
+# <code>var</code>: <code>[1, 1, d]</code>, sums over <code>dim=(0, 1)</code> with <code>keepdim=True</code>;
+# then the same normalisation as LayerNorm, without gamma and beta.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "batch_norm", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def batch_norm(x: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
+    """x: [batch, seq, d]; mask: None or bool [batch, seq] (True = a real token).
+
+    One mean and one biased variance per feature, over the real tokens of every sentence. Returns [batch, seq, d].
+    """
+    ### BEGIN SOLUTION
+    if mask is None:
+        mask = torch.ones(x.shape[:2], dtype=torch.bool)
+    w = mask[..., None].to(x.dtype)  # [batch, seq, 1]: 1 for a real token, 0 for padding
+    count = w.sum()  # real tokens in the whole batch
+    mean = (x * w).sum(dim=(0, 1), keepdim=True) / count  # [1, 1, d]
+    var = (((x - mean) ** 2) * w).sum(dim=(0, 1), keepdim=True) / count  # [1, 1, d]
+    return (x - mean) / torch.sqrt(var + eps)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "batch_norm_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_batch_norm(batch_norm)
+### BEGIN HIDDEN TESTS
+check_batch_norm(batch_norm, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+batch_norm_impl = yours_or_reference(batch_norm, check_batch_norm)
+
+# %% [markdown]
+# Now the interference. We take three "sentences" of 4, 7 and 2 tokens with 8 features each (random vectors,
+# with a different scale per sentence, as real sentences differ). To put them in one tensor, shorter sentences
+# are **padded** with zero vectors up to the longest length. We then look at sentence A (4 tokens) in three
+# situations:
 #
 # * alone, in a batch of one;
 # * alone, but padded to length 10 (as if the batch's longest sentence were 10 tokens long);
 # * in a batch with the two other sentences.
 #
-# BatchNorm is written out below in three lines, statistics per feature over batch and positions, as
-# `nn.BatchNorm1d` computes them in training mode (the cell checks that).
-#
-# **Predict**: in which of the three situations does sentence A's output change, for BatchNorm? For LayerNorm?
+# **Predict**: in which of the three situations does sentence A's output change, for BatchNorm? For BatchNorm
+# with the padding masked out of its statistics? For LayerNorm?
 
 # %%
 d = 8
@@ -252,73 +336,68 @@ sentence_b = torch.randn(7, d, generator=g) * 3.0 + 2.0     # [7 tokens, d], lar
 sentence_c = torch.randn(2, d, generator=g) * 0.5 - 1.0     # [2 tokens, d]
 
 
-def pad_batch(sentences: list[torch.Tensor], length: int) -> torch.Tensor:
-    """Stack sentences into [batch, length, d], filling the missing positions with zero vectors."""
+def pad_batch(sentences: list[torch.Tensor], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack sentences into [batch, length, d], zero vectors at the missing positions; and the
+    [batch, length] mask of the real tokens."""
     batch = torch.zeros(len(sentences), length, d)
+    real = torch.zeros(len(sentences), length, dtype=torch.bool)
     for i, s in enumerate(sentences):
         batch[i, : len(s)] = s
-    return batch
-
-
-def batch_norm(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    """x: [batch, seq, d]. One mean and variance per feature, over every token of every sentence."""
-    mean = x.mean(dim=(0, 1), keepdim=True)  # [1, 1, d]
-    var = ((x - mean) ** 2).mean(dim=(0, 1), keepdim=True)  # [1, 1, d]
-    return (x - mean) / torch.sqrt(var + eps)
+        real[i, : len(s)] = True
+    return batch, real
 
 
 ones, zeros = torch.ones(d), torch.zeros(d)
-check_batch = pad_batch([sentence_a, sentence_b, sentence_c], 7)
+check_batch, _ = pad_batch([sentence_a, sentence_b, sentence_c], 7)
 torch_bn = nn.BatchNorm1d(d, affine=False).train()  # BatchNorm1d wants [batch, features, seq]
-gap = (batch_norm(check_batch) - torch_bn(check_batch.transpose(1, 2)).transpose(1, 2)).abs().max()
-print(f"our batch_norm vs nn.BatchNorm1d (training mode): max difference {gap:.1e}\n")
+gap = (batch_norm_impl(check_batch) - torch_bn(check_batch.transpose(1, 2)).transpose(1, 2)).abs().max()
+print(f"batch_norm_impl vs nn.BatchNorm1d (training mode): max difference {gap:.1e}\n")
 
 situations = {
     "alone": pad_batch([sentence_a], 4),
     "alone, padded to 10": pad_batch([sentence_a], 10),
     "with sentences B and C": pad_batch([sentence_a, sentence_b, sentence_c], 7),
 }
-bn_alone = batch_norm(situations["alone"])[0, :4]  # sentence A's 4 real tokens
-ln_alone = layer_norm(situations["alone"], ones, zeros)[0, :4]
-print(f"{'sentence A ...':<24} {'BatchNorm: max change':>22} {'LayerNorm: max change':>22} "
-      f"{'BN mean of feature 0':>21}")
-for name, batch in situations.items():
-    bn_out = batch_norm(batch)[0, :4]
-    ln_out = layer_norm(batch, ones, zeros)[0, :4]
-    feature_mean = batch.mean(dim=(0, 1))[0]
-    print(f"{name:<24} {(bn_out - bn_alone).abs().max():>22.4f} {(ln_out - ln_alone).abs().max():>22.4f} "
-          f"{feature_mean:>21.4f}")
+norms = {
+    "BatchNorm": lambda x, real: batch_norm_impl(x),
+    "BatchNorm, mask": lambda x, real: batch_norm_impl(x, real),
+    "LayerNorm": lambda x, real: layer_norm_impl(x, ones, zeros),
+}
+alone = {name: f(*situations["alone"])[0, :4] for name, f in norms.items()}  # sentence A's 4 real tokens
+print(f"{'max change of sentence A':<26}" + "".join(f"{name:>18}" for name in norms))
+for situation, (batch, real) in situations.items():
+    changes = [(f(batch, real)[0, :4] - alone[name]).abs().max().item() for name, f in norms.items()]
+    print(f"{situation:<26}" + "".join(f"{c:>18.4f}" for c in changes))
 
 # %% [markdown]
 # LayerNorm's column is zero in every row: each token is normalised with its own statistics, so nothing else in
-# the tensor can reach it. BatchNorm's output for the *same four tokens* changes in both other situations (by up
-# to 1.44 and 1.91): the padding zeros drag every feature's mean towards 0 (last column: feature 0's mean falls
-# from 1.14 to 0.46), and the other sentences bring their own scales. During training the same sentence would be
-# normalised differently from one batch to the next, depending on its neighbours and on how much padding the
-# longest of them forced.
+# the tensor can reach it. Plain BatchNorm's output for the *same four tokens* changes in both other situations
+# (by up to 1.44 and 1.91): the padding zeros drag every feature's mean towards 0, and the other sentences
+# bring their own scales. During training the same sentence would be normalised differently from one batch to the
+# next, depending on its neighbours and on how much padding the longest of them forced.
 #
-# Masking the padding out of BatchNorm's statistics fixes the second row but not the third: the statistics would
-# still mix sentences. At inference BatchNorm switches to running averages collected during training, so a
-# model also behaves differently in training and at test time. LayerNorm avoids all of it: same computation
-# at training and at test time, for batches of any size, one sentence at a time if need be. (Source 004 §12.4
-# puts it in one line: LayerNorm is like BatchNorm, but it normalises over the $D$ dimensions of each token
-# embedding instead of over the batch.)
+# Masking the padding out of BatchNorm's statistics fixes the second row but not the third (by up to 2.16): the
+# statistics still mix sentences. And at inference BatchNorm switches to running averages collected during
+# training, so a model also behaves differently in training and at test time. LayerNorm avoids all of it: the
+# same computation at training and at test time, for batches of any size, one sentence at a time if need be.
 
 # %% [markdown]
 # ## 4. The position-wise feed-forward network
 #
 # After attention has let the positions exchange information, each position goes through the same small
-# two-layer network on its own (source 000 §7: attention mixes across words, the FFN transforms each word):
+# two-layer network on its own: attention mixes information across the words, the feed-forward network
+# transforms each word's vector (Vaswani et al., section 3.3):
 #
 # $$\mathrm{FFN}(x) = \max(0,\; x W_1 + b_1)\, W_2 + b_2,$$
 #
 # with $W_1 \in \mathbb{R}^{d_{model} \times d_{ff}}$ and $W_2 \in \mathbb{R}^{d_{ff} \times d_{model}}$. The paper uses
 # $d_{model} = 512$ and $d_{ff} = 2048$: expand by a factor of 4, apply a ReLU, project back. The ReLU is what
-# makes it more than one big matrix; it is, apart from the softmax inside attention, the only
-# non-linearity of the whole layer.
+# makes the FFN more than one big matrix: without it, the two products would collapse into a single linear map.
+# It is the FFN's only non-linearity, but not the layer's: the softmax inside attention is non-linear, and so is
+# LayerNorm, which divides each vector by a standard deviation computed from that same vector.
 
 # %% [markdown]
-# ### Exercise 2 — `feed_forward`
+# ### Exercise 3 — `feed_forward`
 # > **Difficulty** ●○○ · **Importance** ●●● · about 5 minutes
 #
 # Write `feed_forward(x, w1, b1, w2, b2)`.
@@ -332,9 +411,11 @@ for name, batch in situations.items():
 # `b2 = [1.]`, the input `x = [[-2.]]` gives hidden values `[-2., 2.]`, then `[0., 2.]` after the ReLU, and
 # the output `[[7.]]` ($0 \cdot 2 + 2 \cdot 3 + 1$).
 #
-# <details><summary>Hint 1</summary>Two matrix products, two biases, one <code>torch.relu</code>, in the
+# <details><summary>Hint 1 — the idea</summary>Two matrix products, two biases, one <code>torch.relu</code>, in the
 # order of the formula. The <code>@</code> operator takes care of any batch dimensions.</details>
-# <details><summary>Hint 2</summary><code>return torch.relu(x @ w1 + b1) @ w2 + b2</code></details>
+# <details><summary>Hint 2 — the plan</summary>The hidden layer first, <code>hidden = torch.relu(x @ w1 + b1)</code>,
+# of shape <code>[..., d_ff]</code>; then project it back to <code>[..., d_model]</code>, with nothing applied
+# after the second bias.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "feed_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def feed_forward(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor,
@@ -350,27 +431,32 @@ def feed_forward(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor,
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "feed_forward_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "feed_forward_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_feed_forward(feed_forward)
 ### BEGIN HIDDEN TESTS
 check_feed_forward(feed_forward, hidden=True)
 ### END HIDDEN TESTS
 
+# %%
+feed_forward_impl = yours_or_reference(feed_forward, check_feed_forward)
+
 # %% [markdown]
 # "Position-wise" means two things, both visible in the code: every position goes through the network
-# **independently**, and all positions share **the same weights**. Change the vector at one position and
-# only that position's output moves:
+# **independently**, and all positions share **the same weights**. We run `feed_forward_impl` with the weights of
+# the library's `PositionwiseFeedForward` module (its `nn.Linear` layers store $W^\top$, hence the `.t()`), and
+# change the vector at one position only: only that position's output moves.
 
 # %%
-from transformer_lib.layers import feed_forward  # the reference: the rest of the chapter runs even if your answer is unfinished
-
-ffn = PositionwiseFeedForward(d_model=16, d_ff=64)  # the library's module: nn.Linear weights, calls feed_forward
+ffn = PositionwiseFeedForward(d_model=16, d_ff=64)  # the library's module: two nn.Linear layers
+weights = (ffn.linear1.weight.t(), ffn.linear1.bias, ffn.linear2.weight.t(), ffn.linear2.bias)
 x = torch.randn(1, 6, 16)  # [batch, seq, d_model]
 x_changed = x.clone()
 x_changed[0, 2] = torch.randn(16)  # a new vector at position 2 only
 with torch.no_grad():
-    change = (ffn(x_changed) - ffn(x)).abs().amax(dim=-1)[0]  # [seq]
-print("largest output change at each position:", change)
+    change = (feed_forward_impl(x_changed, *weights) - feed_forward_impl(x, *weights)).abs().amax(dim=-1)[0]  # [seq]
+    print("largest output change at each position:", change)
+    gap = (feed_forward_impl(x, *weights) - ffn(x)).abs().max()
+    print(f"feed_forward_impl vs the module: max difference {gap:.1e}")
 
 # %% [markdown]
 # The same weights at every position, each position on its own: that is exactly a **convolution with kernel
@@ -386,7 +472,7 @@ with torch.no_grad():
     conv2.weight.copy_(ffn.linear2.weight[:, :, None])  # [d_model, d_ff, kernel 1]
     conv2.bias.copy_(ffn.linear2.bias)
     as_conv = conv2(torch.relu(conv1(x.transpose(1, 2)))).transpose(1, 2)  # Conv1d wants [batch, channels, seq]
-    print(f"max |FFN - 1x1 convolution| = {(ffn(x) - as_conv).abs().max():.1e}")
+    print(f"max |FFN - 1x1 convolution| = {(feed_forward_impl(x, *weights) - as_conv).abs().max():.1e}")
 
 # %% [markdown]
 # **Predict**: in a layer of the paper's base model ($d_{model} = 512$, $d_{ff} = 2048$, 8 heads), which part holds
@@ -401,7 +487,7 @@ with torch.device("meta"):  # shapes only, no memory: we just count
 parts = {
     "multi-head attention": count_parameters(base_layer.self_attn),
     "feed-forward network": count_parameters(base_layer.feed_forward),
-    "two LayerNorms": count_parameters(base_layer.residual1) + count_parameters(base_layer.residual2),
+    "two LayerNorms": count_parameters(base_layer.norm1) + count_parameters(base_layer.norm2),
 }
 total = count_parameters(base_layer)
 for name, n in parts.items():
@@ -420,24 +506,30 @@ print(f"{'one encoder layer':<22} {total:>10,}")
 #
 # A residual connection and a LayerNorm go around every sub-layer. There are two ways to combine them.
 #
-# **Post-norm**, the paper's choice (and the equations of source 004 §12.4): add, then normalise,
+# **Post-norm**, the paper's choice (and the form Prince's *Understanding Deep Learning* writes in section 12.4):
+# add, then normalise,
 #
 # $$x \leftarrow \mathrm{LayerNorm}\big(x + \mathrm{Sublayer}(x)\big).$$
 #
 # **Pre-norm**, used by GPT-2 and most models since: normalise the sub-layer's *input*, and leave the sum alone,
 #
 # $$x \leftarrow x + \mathrm{Sublayer}\big(\mathrm{LayerNorm}(x)\big).$$
-#
-# Look closely at the code of source 000 (§9): its `SublayerConnection` computes
-# `x + dropout(sublayer(norm(x)))`, which is **pre-norm**, although the figure it illustrates (and the paper)
-# shows Add & Norm *after* each sub-layer. The Annotated Transformer, which that code follows, made the same
-# switch, for simplicity. Both forms are everywhere; you should be able to tell them apart on sight.
+
+# %%
+draw_post_vs_pre_norm()
+plt.show()
+
+# %% [markdown]
+# Both forms are everywhere, and tutorial code does not always say which it uses. The Annotated Transformer's
+# `SublayerConnection` computes `x + dropout(sublayer(norm(x)))`, which is **pre-norm**, although the figure it
+# illustrates (the paper's) shows Add & Norm *after* each sub-layer; its authors made the switch for simplicity.
+# You should be able to tell the two apart on sight.
 #
 # In pre-norm the running sum $x$ (the **residual stream**) is never normalised inside the stack, so a pre-norm
 # stack ends with one extra LayerNorm on its output.
 
 # %% [markdown]
-# ### Exercise 3 — `add_and_norm`
+# ### Exercise 4 — `add_and_norm`
 # > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
 #
 # Write `add_and_norm(x, sublayer, gamma, beta, norm_first=False, eps=1e-5)`.
@@ -449,17 +541,18 @@ print(f"{'one encoder layer':<22} {total:>10,}")
 #   `x + sublayer(LayerNorm(x))`.
 # * returns `[..., d_model]`.
 #
-# Use the `layer_norm` of exercise 1 (the cell above imported the library's version, so it works even if yours
-# is unfinished).
+# For the LayerNorm, call `layer_norm_impl` (your exercise 1 if it passed, the library's otherwise).
 #
 # Worked example: with `sublayer = lambda y: 2 * y`, `gamma` all ones, `beta` all zeros and `x = [1., 2., 3., 4.]`,
 # post-norm gives `layer_norm(3 * x)`, about `[-1.3416, -0.4472, 0.4472, 1.3416]`, and pre-norm gives
 # `x + 2 * layer_norm(x)`, about `[-1.6833, 1.1056, 3.8944, 6.6833]`.
 #
-# <details><summary>Hint 1</summary>In pre-norm the sub-layer sees the normalised input, but the residual adds the
-# <em>raw</em> <code>x</code>. In post-norm the sub-layer sees the raw <code>x</code>, and the sum is normalised.</details>
-# <details><summary>Hint 2</summary><code>if norm_first: return x + sublayer(layer_norm(x, gamma, beta, eps))</code>;
-# otherwise <code>return layer_norm(x + sublayer(x), gamma, beta, eps)</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>In pre-norm the sub-layer sees the normalised input, but the
+# residual adds the <em>raw</em> <code>x</code>. In post-norm the sub-layer sees the raw <code>x</code>, and the
+# sum is normalised.</details>
+# <details><summary>Hint 2 — the plan</summary>Two branches on <code>norm_first</code>, one line each. Post-norm
+# is <code>layer_norm_impl(..., gamma, beta, eps)</code> of a sum; pre-norm is <code>x + sublayer(...)</code>.
+# Every tensor stays <code>[..., d_model]</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "add_and_norm", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def add_and_norm(x: torch.Tensor, sublayer, gamma: torch.Tensor, beta: torch.Tensor,
@@ -471,26 +564,27 @@ def add_and_norm(x: torch.Tensor, sublayer, gamma: torch.Tensor, beta: torch.Ten
     """
     ### BEGIN SOLUTION
     if norm_first:
-        return x + sublayer(layer_norm(x, gamma, beta, eps))  # pre-norm: the sum stays un-normalised
-    return layer_norm(x + sublayer(x), gamma, beta, eps)  # post-norm: normalise the sum
+        return x + sublayer(layer_norm_impl(x, gamma, beta, eps))  # pre-norm: the sum stays un-normalised
+    return layer_norm_impl(x + sublayer(x), gamma, beta, eps)  # post-norm: normalise the sum
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "add_and_norm_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "add_and_norm_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_add_and_norm(add_and_norm)
 ### BEGIN HIDDEN TESTS
 check_add_and_norm(add_and_norm, hidden=True)
 ### END HIDDEN TESTS
 
+# %%
+add_and_norm_impl = yours_or_reference(add_and_norm, check_add_and_norm)
+
 # %% [markdown]
-# The worked example, with the library's version:
+# The worked example:
 
 # %%
-from transformer_lib.layers import add_and_norm  # the reference: the rest of the chapter runs even if your answer is unfinished
-
 x4 = torch.tensor([1.0, 2.0, 3.0, 4.0])
-print("post-norm:", add_and_norm(x4, lambda y: 2 * y, torch.ones(4), torch.zeros(4), norm_first=False))
-print("pre-norm: ", add_and_norm(x4, lambda y: 2 * y, torch.ones(4), torch.zeros(4), norm_first=True))
+print("post-norm:", add_and_norm_impl(x4, lambda y: 2 * y, torch.ones(4), torch.zeros(4), norm_first=False))
+print("pre-norm: ", add_and_norm_impl(x4, lambda y: 2 * y, torch.ones(4), torch.zeros(4), norm_first=True))
 
 # %% [markdown]
 # ### What the choice does to the gradients
@@ -498,22 +592,39 @@ print("pre-norm: ", add_and_norm(x4, lambda y: 2 * y, torch.ones(4), torch.zeros
 # The paper trained its post-norm model with a **learning-rate warm-up**: the learning rate grows linearly over
 # the first 4000 steps before it decays (chapter 07 implements that schedule). Without warm-up, post-norm
 # Transformers often diverge early in training. Pre-norm models train with a much shorter warm-up or none,
-# and stack far more layers. Xiong et al. (2020, *On Layer Normalization in the Transformer Architecture*)
+# and stack far more layers. Xiong et al. (2020, "On Layer Normalization in the Transformer Architecture")
 # traced the difference to the gradients at initialisation. Let us measure them.
 #
 # We build 12 encoder layers (the library's `EncoderLayer`, $d_{model} = 32$, 4 heads, $d_{ff} = 128$, Glorot
 # initialisation) in both forms, feed a random batch, take a mean-squared error against random targets, and
 # record for every layer the gradient norm of its FFN's second matrix $W_2$, and the size of the residual
 # stream after the layer. Three random initialisations, averaged.
+#
+# A second run answers *where* each layer's gradient comes from. A layer's output reaches the loss along two
+# kinds of path: its **direct path**, along the shortcuts only (and through the LayerNorms that sit on them: every
+# one above the layer in post-norm, only the final one in pre-norm), and the paths through the sub-layers above
+# it, which read the stream it wrote to. With
+# `direct_only=True`, every attention and FFN receives a *detached* copy of its input, so no gradient flows back
+# through them: each layer's $W_2$ then gets only its direct path's share.
 
 # %%
-def stack_gradients(n_layers: int, norm_first: bool, seed: int, d: int = 32, heads: int = 4):
+def _detach_inputs(module, args):
+    """A forward pre-hook: the module reads its inputs, but no gradient flows back through them."""
+    return tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def stack_gradients(n_layers: int, norm_first: bool, seed: int, d: int = 32, heads: int = 4,
+                    direct_only: bool = False):
     """Per-layer |dLoss/dW2| of the FFN, and the mean norm of the residual stream after each layer."""
     torch.manual_seed(seed)
     layers = nn.ModuleList(EncoderLayer(d, heads, 4 * d, norm_first=norm_first) for _ in range(n_layers))
     for p in layers.parameters():
         if p.dim() > 1:
             nn.init.xavier_uniform_(p)  # the initialisation of the reference implementations
+    if direct_only:
+        for layer in layers:
+            layer.self_attn.register_forward_pre_hook(_detach_inputs)
+            layer.feed_forward.register_forward_pre_hook(_detach_inputs)
     final_norm = LayerNorm(d) if norm_first else nn.Identity()  # pre-norm stacks end with a LayerNorm
     g = torch.Generator().manual_seed(100 + seed)
     x = torch.randn(4, 12, d, generator=g)  # [batch, seq, d_model]
@@ -527,8 +638,8 @@ def stack_gradients(n_layers: int, norm_first: bool, seed: int, d: int = 32, hea
     return [layer.feed_forward.linear2.weight.grad.norm().item() for layer in layers], stream
 
 
-def averaged(n_layers: int, norm_first: bool, seeds=(0, 1, 2)):
-    runs = [stack_gradients(n_layers, norm_first, s) for s in seeds]
+def averaged(n_layers: int, norm_first: bool, seeds=(0, 1, 2), direct_only: bool = False):
+    runs = [stack_gradients(n_layers, norm_first, s, direct_only=direct_only) for s in seeds]
     grads = torch.tensor([r[0] for r in runs]).mean(dim=0)  # [n_layers]
     stream = torch.tensor([r[1] for r in runs]).mean(dim=0)  # [n_layers]
     return grads, stream
@@ -536,38 +647,48 @@ def averaged(n_layers: int, norm_first: bool, seeds=(0, 1, 2)):
 
 post_grads, post_stream = averaged(12, norm_first=False)
 pre_grads, pre_stream = averaged(12, norm_first=True)
-print("layer:                 " + " ".join(f"{i:>6d}" for i in range(1, 13)))
-print("post-norm |grad W2|:   " + " ".join(f"{v:6.3f}" for v in post_grads))
-print("pre-norm  |grad W2|:   " + " ".join(f"{v:6.3f}" for v in pre_grads))
-print("post-norm |x| after:   " + " ".join(f"{v:6.1f}" for v in post_stream))
-print("pre-norm  |x| after:   " + " ".join(f"{v:6.1f}" for v in pre_stream))
-print(f"pre-norm: layer 1 / layer 12 gradient = {pre_grads[0] / pre_grads[-1]:.2f}, sqrt(12) = {math.sqrt(12):.2f}")
+post_direct, _ = averaged(12, norm_first=False, direct_only=True)
+pre_direct, _ = averaged(12, norm_first=True, direct_only=True)
+print("layer:                       " + " ".join(f"{i:>6d}" for i in range(1, 13)))
+print("post-norm |grad W2|:         " + " ".join(f"{v:6.3f}" for v in post_grads))
+print("  direct path only:          " + " ".join(f"{v:6.3f}" for v in post_direct))
+print("pre-norm  |grad W2|:         " + " ".join(f"{v:6.3f}" for v in pre_grads))
+print("  direct path only:          " + " ".join(f"{v:6.3f}" for v in pre_direct))
+print("post-norm |x| after layer:   " + " ".join(f"{v:6.1f}" for v in post_stream))
+print("pre-norm  |x| after layer:   " + " ".join(f"{v:6.1f}" for v in pre_stream))
 
 # %% [markdown]
-# How does the top layer's gradient depend on the depth of the stack? Repeat for stacks of 2 to 32 layers:
+# How does the top layer's gradient depend on the depth of the stack? Repeat for stacks of 2 to 32 layers, and
+# keep, for pre-norm, the size of the stream that enters the final LayerNorm:
 
 # %%
 depths = [2, 4, 8, 16, 32]
-top_post, top_pre = [], []
+top_post, top_pre, final_stream = [], [], []
 for n in depths:
     top_post.append(averaged(n, norm_first=False, seeds=(0, 1))[0][-1].item())
-    top_pre.append(averaged(n, norm_first=True, seeds=(0, 1))[0][-1].item())
-print("layers in the stack:      " + " ".join(f"{n:>6d}" for n in depths))
-print("post-norm, top |grad W2|: " + " ".join(f"{v:6.3f}" for v in top_post))
-print("pre-norm,  top |grad W2|: " + " ".join(f"{v:6.3f}" for v in top_pre))
+    grads, stream = averaged(n, norm_first=True, seeds=(0, 1))
+    top_pre.append(grads[-1].item())
+    final_stream.append(stream[-1].item())
+print("layers in the stack:            " + " ".join(f"{n:>6d}" for n in depths))
+print("post-norm, top |grad W2|:       " + " ".join(f"{v:6.3f}" for v in top_post))
+print("pre-norm,  top |grad W2|:       " + " ".join(f"{v:6.3f}" for v in top_pre))
+print("pre-norm,  |x| into final norm: " + " ".join(f"{v:6.1f}" for v in final_stream))
+print("pre-norm,  top |grad| x |x|:    " + " ".join(f"{g * s:6.2f}" for g, s in zip(top_pre, final_stream)))
 
 # %%
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3.4))
-ax1.plot(range(1, 13), post_grads, "o-", label="post-norm")
-ax1.plot(range(1, 13), pre_grads, "s-", label="pre-norm")
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6))
+ax1.plot(range(1, 13), post_grads, "o-", color="C0", label="post-norm")
+ax1.plot(range(1, 13), pre_grads, "s-", color="C1", label="pre-norm")
+ax1.plot(range(1, 13), pre_direct, "s--", color="C1", alpha=0.6, label="pre-norm, direct path only")
 ax1.set_xlabel("layer (1 = bottom)")
 ax1.set_ylabel("|dLoss/dW2| at initialisation")
 ax1.set_title("12-layer stack")
 ax1.set_ylim(bottom=0)
-ax1.legend()
-ax2.loglog(depths, top_post, "o-", label="post-norm")
-ax2.loglog(depths, top_pre, "s-", label="pre-norm")
-ax2.loglog(depths, [top_pre[0] * math.sqrt(depths[0] / n) for n in depths], "k:", label="~ 1/sqrt(L)")
+ax1.legend(fontsize=8)
+product = top_pre[0] * final_stream[0]  # scale the final norm's 1/|x| to the first point
+ax2.loglog(depths, top_post, "o-", color="C0", label="post-norm")
+ax2.loglog(depths, top_pre, "s-", color="C1", label="pre-norm")
+ax2.loglog(depths, [product / s for s in final_stream], "k:", label="c / |x into the final norm|")
 ax2.set_xticks(depths, [str(n) for n in depths])
 ax2.set_yticks([0.05, 0.1, 0.2, 0.3], ["0.05", "0.1", "0.2", "0.3"])
 ax2.minorticks_off()
@@ -582,97 +703,118 @@ plt.show()
 # What the numbers say:
 #
 # * **Post-norm** normalises the stream after every sub-layer, so its size stays fixed: each LayerNorm output has
-#   norm $\sqrt{d_{model}} = \sqrt{32} \approx 5.7$ (printed above). Every layer gets a gradient of about the same size,
-#   and, in the right panel, **the top layer's gradient does not shrink as the stack gets deeper**.
-# * **Pre-norm** lets the stream grow: each layer adds its output to it, so its norm grows roughly like
-#   $\sqrt{\text{layer}}$. Each layer's contribution is a smaller and smaller part of a bigger and bigger sum, and its
-#   gradient shrinks accordingly, roughly like $1/\sqrt{\text{layer}}$ (layer 1 vs layer 12 above, close to
-#   $\sqrt{12}$), and the top layer's gradient falls like $1/\sqrt{L}$ as the stack deepens.
+#   norm $\sqrt{d_{model}} = \sqrt{32} \approx 5.7$. Every layer gets a gradient of about the same size, and, in
+#   the right panel, **the top layer's gradient does not shrink as the stack gets deeper**. Its direct paths are
+#   another story: a layer's output passes through every LayerNorm above it, and each one scales it down again, so
+#   the lower layers' gradient arrives almost entirely through the sub-layers above them (layer 1's direct share
+#   is 0.003 of 0.268).
+# * **Pre-norm** lets the stream grow, since each layer adds its output to it (from 6.7 after layer 1 to
+#   18.2 after layer 12), and then divides the sum by its standard deviation once, in the final LayerNorm.
+#   Every layer's output enters that same sum, so **every layer's direct path is scaled alike** by the final
+#   LayerNorm: the direct-path gradients are all about the same (0.082 to 0.091, flat in the
+#   left panel). What differs between layers is the rest: a lower layer's output is also read by every sub-layer
+#   above it, so it collects gradient along more paths. Layer 12 has no layer above it and gets its direct share
+#   only (0.091); layer 1 collects 0.276, about three times its direct share.
+# * The deeper the pre-norm stack, the larger the stream that reaches the final LayerNorm (from 8.4 with 2
+#   layers to 32.8 with 32), and the more the final LayerNorm shrinks every direct path. The top layer, which
+#   has only its direct path, loses gradient in the same proportion: the product of its gradient and that
+#   stream size stays between
+#   1.62 and 1.71 (last printed row), and the dotted line in the right panel, computed from the
+#   measured stream sizes alone, follows the pre-norm curve.
 #
-# Why that makes warm-up necessary for post-norm (Xiong et al., 2020): at initialisation the layers of a post-norm
-# stack all receive large gradients, and every one of them changes the output directly, because nothing dilutes
-# a layer's contribution in post-norm. A first optimiser step at the full learning rate therefore moves the
-# whole stack a lot, the more so the more layers there are, and training can blow up before it has started. The
-# warm-up keeps the first steps small until the model has left this fragile starting point (and until Adam's
-# running estimates of the gradient statistics are reliable). In pre-norm the updates are automatically damped
-# by depth, and the shortcut path from the loss to every layer is an exact identity, never divided by a
-# LayerNorm: the same learning rate is safe from the first step, and stacks of dozens of layers train without
-# tricks. That is why GPT-2, GPT-3 and most large models since are pre-norm. The price of pre-norm is that the
-# growing stream makes deep layers' contributions relatively small (Liu et al., 2020, discuss this trade-off);
-# the paper's post-norm, with warm-up, is still competitive for moderate depths.
+# Why that matters for the warm-up (Xiong et al., 2020): they show that at initialisation the gradients of the
+# parameters near the output of a post-norm Transformer are large and do not shrink with depth, while in
+# pre-norm they shrink as the stack deepens, for the reason measured above. With large gradients, the first
+# optimiser steps at the full learning rate move the top of a post-norm stack a lot, while Adam's running
+# estimates of the gradient statistics are still unreliable, and training can blow up before it has started. The
+# warm-up keeps the first steps small until the model has left this fragile starting point. Pre-norm models
+# train with a short warm-up or none, and stacks of dozens of layers train without tricks: that is why GPT-2,
+# GPT-3 and most large models since are pre-norm. Pre-norm has its price too: Liu et al. (2020, "Understanding
+# the Difficulty of Training Transformers") report that post-norm, when it does train stably, often reaches
+# slightly better results, and at the paper's depth of six layers, post-norm with a warm-up works well.
 
 # %% [markdown]
 # ## 6. The encoder layer, assembled
 #
-# An encoder layer is two sub-layers, each wrapped in Add & Norm (source 000 §7; the equations of source 004 §12.4
-# in post-norm form):
+# An encoder layer is two sub-layers, each wrapped in Add & Norm (Vaswani et al., section 3.1; Prince,
+# section 12.4, in the same post-norm form):
 #
 # $$x \leftarrow \mathrm{LayerNorm}_1\big(x + \mathrm{MultiHeadSelfAttention}(x)\big), \qquad
 # x \leftarrow \mathrm{LayerNorm}_2\big(x + \mathrm{FFN}(x)\big).$$
 #
 # Attention first: it is the only place where positions exchange information. The FFN then processes each
 # position, now informed by its context. In pre-norm the same two sub-layers appear in the same order, with
-# $x \leftarrow x + \mathrm{Sublayer}(\mathrm{LayerNorm}(x))$.
+# $x \leftarrow x + \mathrm{Sublayer}(\mathrm{LayerNorm}(x))$. In training, the paper also applies dropout to each
+# sub-layer's output before it is added to $x$.
 
 # %% [markdown]
-# ### Exercise 4 — the `EncoderBlock` class
+# ### Exercise 5 — `encoder_layer_forward`
 # > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
 #
-# The constructor is written for you: a `MultiHeadAttention` (chapter 03), a `PositionwiseFeedForward`, and two
-# `LayerNorm`s, `norm1` around the attention and `norm2` around the FFN (each has its own `gamma` and `beta`).
-# Write `forward(self, x, mask=None)`:
+# Write `encoder_layer_forward(x, mask, layer)`, the forward pass of one encoder layer, from the parts of the
+# library's `EncoderLayer`:
 #
-# * `x`: `[batch, seq, d_model]`; `mask`: `None` or a boolean padding mask that broadcasts to the attention
-#   scores (`True` = may attend), e.g. `[batch, 1, seq]`. Pass it to the attention:
-#   `self.self_attn(query, key, value, mask)`.
-# * post-norm when `self.norm_first` is False, pre-norm when it is True.
-# * returns `[batch, seq, d_model]`.
+# * `x`: `[batch, seq, d_model]`; returns `[batch, seq, d_model]`.
+# * `mask`: `None`, or a boolean padding mask that broadcasts to the attention scores (`True` = may attend), as
+#   `padding_mask(tokens, pad_id)` makes it: `[batch, 1, 1, seq]`.
+# * `layer`: an `EncoderLayer`. Its parts:
+#   * `layer.self_attn(query, key, value, mask)`: chapter 03's `MultiHeadAttention` (self-attention: the same
+#     tensor three times);
+#   * `layer.feed_forward(y)`: the position-wise FFN of exercise 3, as a module;
+#   * `layer.norm1`, `layer.norm2`: the two `LayerNorm` modules, around the attention and around the FFN. Call
+#     one as `layer.norm1(y)`, or use its `.gamma`, `.beta` and `.eps` with `add_and_norm_impl`;
+#   * `layer.dropout1`, `layer.dropout2`: `nn.Dropout` modules, applied to each sub-layer's output before it is
+#     added to `x`. They drop in training mode and do nothing in eval mode, as the checker runs them;
+#   * `layer.norm_first`: `False` for post-norm (the paper), `True` for pre-norm.
 #
-# You may use `add_and_norm` (e.g. with `self.norm1.gamma, self.norm1.beta`) or the modules directly
-# (`self.norm1(y)`). The checker copies the same random weights into your block and into the library's
-# `EncoderLayer` and compares the outputs.
+# Do not call `layer(x, mask)` itself: that runs the library's own forward pass (the checker refuses it).
 #
-# <details><summary>Hint 1</summary>The attention sub-layer is a function of one tensor:
-# <code>lambda y: self.self_attn(y, y, y, mask)</code>. The FFN already is one: <code>self.feed_forward</code>.</details>
-# <details><summary>Hint 2</summary>Post-norm: <code>x = self.norm1(x + self.self_attn(x, x, x, mask))</code>, then
-# <code>return self.norm2(x + self.feed_forward(x))</code>. Pre-norm: <code>y = self.norm1(x)</code>,
-# <code>x = x + self.self_attn(y, y, y, mask)</code>, then <code>return x + self.feed_forward(self.norm2(x))</code>.</details>
+# Worked example: a freshly built `EncoderLayer(32, 4, 128)` has $\gamma = 1$ and $\beta = 0$ in both norms, so in
+# post-norm every output vector has mean 0 and norm $\sqrt{32} \approx 5.657$.
+#
+# <details><summary>Hint 1 — the idea</summary>Two residual sub-layers in a row: the attention, then the FFN.
+# Each is a function of one tensor, with its dropout at the end: <code>lambda y: layer.dropout1(layer.self_attn(y,
+# y, y, mask))</code> is the first. Exercise 4 already wraps such a function in Add & Norm.</details>
+# <details><summary>Hint 2 — the plan</summary>The first sub-layer, as one line:
+# <code>x = add_and_norm_impl(x, attention, layer.norm1.gamma, layer.norm1.beta, layer.norm_first, layer.norm1.eps)</code>;
+# the second is the same with the FFN, <code>norm2</code> and <code>dropout2</code>. Every step keeps
+# <code>[batch, seq, d_model]</code>.</details>
 
-# %% nbgrader={"grade": false, "grade_id": "encoder_block", "locked": false, "schema_version": 3, "solution": true, "task": false}
-class EncoderBlock(nn.Module):
-    """Self-attention, then the position-wise FFN, each with a residual connection and a LayerNorm."""
+# %% nbgrader={"grade": false, "grade_id": "encoder_layer_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def encoder_layer_forward(x: torch.Tensor, mask: torch.Tensor | None, layer: EncoderLayer) -> torch.Tensor:
+    """Self-attention, then the FFN, each inside Add & Norm (post-norm or pre-norm, as layer.norm_first says).
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, norm_first: bool = False):
-        super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff)
-        self.norm1 = LayerNorm(d_model)  # around the attention
-        self.norm2 = LayerNorm(d_model)  # around the FFN
-        self.norm_first = norm_first
+    x: [batch, seq, d_model]; mask: None or bool, broadcastable to the scores. Returns [batch, seq, d_model].
+    """
+    ### BEGIN SOLUTION
+    def attention(y):
+        return layer.dropout1(layer.self_attn(y, y, y, mask))  # [batch, seq, d_model]
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [batch, seq, d_model] -> [batch, seq, d_model]."""
-        ### BEGIN SOLUTION
-        if self.norm_first:
-            y = self.norm1(x)
-            x = x + self.self_attn(y, y, y, mask)  # [batch, seq, d_model]
-            return x + self.feed_forward(self.norm2(x))
-        x = self.norm1(x + self.self_attn(x, x, x, mask))  # [batch, seq, d_model]
-        return self.norm2(x + self.feed_forward(x))
-        ### END SOLUTION
+    def ffn(y):
+        return layer.dropout2(layer.feed_forward(y))  # [batch, seq, d_model]
+
+    if layer.norm_first:
+        x = x + attention(layer.norm1(x))
+        return x + ffn(layer.norm2(x))
+    x = layer.norm1(x + attention(x))
+    return layer.norm2(x + ffn(x))
+    ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "encoder_block_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-check_encoder_block(EncoderBlock)
+# %% nbgrader={"grade": true, "grade_id": "encoder_layer_forward_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_encoder_layer_forward(encoder_layer_forward)
 ### BEGIN HIDDEN TESTS
-check_encoder_block(EncoderBlock, hidden=True)
+check_encoder_layer_forward(encoder_layer_forward, hidden=True)
 ### END HIDDEN TESTS
 
+# %%
+encoder_layer_forward_impl = yours_or_reference(encoder_layer_forward, check_encoder_layer_forward)
+
 # %% [markdown]
-# The library's `EncoderLayer` is the same block (its LayerNorms sit in `residual1.norm` and `residual2.norm`,
-# wrapped with dropout). Is it the layer PyTorch ships? Copy its weights into `nn.TransformerEncoderLayer` and
-# compare, in both forms, with a padding mask. PyTorch keeps $W^Q, W^K, W^V$ stacked in one `in_proj_weight`, and
-# its padding mask marks the pads with `True`, the opposite of this course's convention.
+# Is this the layer PyTorch ships? Copy the weights of an `EncoderLayer` into `nn.TransformerEncoderLayer` and
+# compare its output with `encoder_layer_forward_impl`'s, in both forms, with a padding mask. PyTorch keeps
+# $W^Q, W^K, W^V$ stacked in one `in_proj_weight`, and its padding mask marks the pads with `True`, the opposite of
+# this course's convention.
 
 # %%
 def to_torch_layer(ours: EncoderLayer, norm_first: bool) -> nn.TransformerEncoderLayer:
@@ -686,50 +828,106 @@ def to_torch_layer(ours: EncoderLayer, norm_first: bool) -> nn.TransformerEncode
         theirs.self_attn.out_proj.load_state_dict(attn.w_o.state_dict())
         theirs.linear1.load_state_dict(ours.feed_forward.linear1.state_dict())
         theirs.linear2.load_state_dict(ours.feed_forward.linear2.state_dict())
-        for theirs_norm, residual in [(theirs.norm1, ours.residual1), (theirs.norm2, ours.residual2)]:
-            theirs_norm.weight.copy_(residual.norm.gamma)
-            theirs_norm.bias.copy_(residual.norm.beta)
+        for theirs_norm, our_norm in [(theirs.norm1, ours.norm1), (theirs.norm2, ours.norm2)]:
+            theirs_norm.weight.copy_(our_norm.gamma)
+            theirs_norm.bias.copy_(our_norm.beta)
     return theirs.train()  # training mode with dropout 0 keeps PyTorch on its plain (not fused) path
 
 
 tokens = torch.tensor([[5, 9, 3, 7, 2, 8], [4, 6, 1, 0, 0, 0]])  # two sentences, 0 = padding
+mask = padding_mask(tokens, 0)  # [batch, 1, 1, seq], True = may attend
 x = torch.randn(2, 6, 32)
-for norm_first in [False, True]:
-    ours = EncoderLayer(32, 4, 128, norm_first=norm_first)
-    with torch.no_grad():
-        ours.residual1.norm.gamma.uniform_(0.5, 1.5)  # not all ones, so that a misplaced norm would show
-        ours.residual2.norm.beta.normal_()
-    theirs = to_torch_layer(ours, norm_first)
-    ours_out = ours(x, padding_mask(tokens, 0))  # True = may attend
-    theirs_out = theirs(x, src_key_padding_mask=tokens == 0)  # True = padding
-    gap = (ours_out - theirs_out).abs().max()
-    print(f"norm_first={norm_first!s:<5}: max |ours - nn.TransformerEncoderLayer| = {gap:.1e}")
+with torch.no_grad():
+    fresh = encoder_layer_forward_impl(x, mask, EncoderLayer(32, 4, 128))
+    print(f"fresh post-norm layer: output norms {fresh.norm(dim=-1).min():.3f} to {fresh.norm(dim=-1).max():.3f}")
+    for norm_first in [False, True]:
+        ours = EncoderLayer(32, 4, 128, norm_first=norm_first)
+        ours.norm1.gamma.uniform_(0.5, 1.5)  # not all ones, so that a misplaced norm would show
+        ours.norm2.beta.normal_()
+        theirs = to_torch_layer(ours, norm_first)
+        ours_out = encoder_layer_forward_impl(x, mask, ours)
+        theirs_out = theirs(x, src_key_padding_mask=tokens == 0)  # True = padding
+        gap = (ours_out - theirs_out).abs().max()
+        print(f"norm_first={norm_first!s:<5}: max |encoder_layer_forward_impl - nn.TransformerEncoderLayer| "
+              f"= {gap:.1e}")
 
 # %% [markdown]
 # ## 7. Stacking layers: the encoder
 #
-# The encoder is $N$ such layers in a row, the output of one the input of the next (source 000 §7): same
-# computation, separate parameters. The library's `Encoder(layer, n_layers)` makes `n_layers` deep copies of a
-# layer (so each has its own weights) and, in pre-norm, adds the final LayerNorm. The shape never changes:
+# The encoder is $N$ such layers in a row, the output of one the input of the next: same computation, separate
+# parameters. The library's `Encoder(layer, n_layers, norm_first=False)` holds `n_layers` deep copies of a layer in
+# `encoder.layers` (so each has its own weights) and, in `encoder.norm`, the final LayerNorm of a pre-norm stack
+# (`nn.Identity()` in a post-norm one, whose layers already end with a norm). The shape never changes:
 # `[batch, seq, d_model]` in, `[batch, seq, d_model]` out, at every layer. That is what makes stacking possible.
+
+# %% [markdown]
+# ### Exercise 6 — `encoder_forward`
+# > **Difficulty** ●○○ · **Importance** ●●○ · about 5 minutes
+#
+# Write `encoder_forward(x, mask, encoder, layer_forward)`:
+#
+# * `x`: `[batch, seq, d_model]`; `mask`: as in exercise 5, the same for every layer; returns
+#   `[batch, seq, d_model]`.
+# * `encoder`: an `Encoder`, with `encoder.layers` (a list of `EncoderLayer`s, bottom first) and `encoder.norm`.
+# * `layer_forward`: a function `(x, mask, layer) -> x` that runs one layer, such as your
+#   `encoder_layer_forward`. Run every layer through it (not with `layer(x, mask)`), so that the stack runs on
+#   the code you pass in.
+#
+# Worked example: with a single layer, the result is `encoder.norm(layer_forward(x, mask, encoder.layers[0]))`.
+#
+# <details><summary>Hint 1 — the idea</summary>Each layer reads what the layer below wrote. The final norm comes
+# once, after the last layer, whatever kind of stack it is (in post-norm it is the identity).</details>
+# <details><summary>Hint 2 — the plan</summary>A loop, <code>for layer in encoder.layers:</code>, that replaces
+# <code>x</code> by the layer's output (always <code>[batch, seq, d_model]</code>); then one call of
+# <code>encoder.norm</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "encoder_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def encoder_forward(x: torch.Tensor, mask: torch.Tensor | None, encoder: Encoder, layer_forward) -> torch.Tensor:
+    """Run x through every layer of the encoder with layer_forward(x, mask, layer), then the final norm.
+
+    x: [batch, seq, d_model]. Returns [batch, seq, d_model].
+    """
+    ### BEGIN SOLUTION
+    for layer in encoder.layers:
+        x = layer_forward(x, mask, layer)  # [batch, seq, d_model]
+    return encoder.norm(x)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "encoder_forward_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_encoder_forward(encoder_forward)
+### BEGIN HIDDEN TESTS
+check_encoder_forward(encoder_forward, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+encoder_forward_impl = yours_or_reference(encoder_forward, check_encoder_forward)
+
+# %% [markdown]
+# Now the whole chapter at work: a post-norm stack of six layers, run by `encoder_forward_impl` with
+# `encoder_layer_forward_impl` for each layer (and inside it, where you wrote them that way, your `add_and_norm`
+# and your `layer_norm`). We follow the shapes and the size of the vectors layer by layer, then compare the
+# result with the library's `Encoder.forward`.
 
 # %%
 small_encoder = Encoder(EncoderLayer(d_model=32, n_heads=4, d_ff=128), n_layers=6)
-mask = padding_mask(tokens, 0)  # [batch, 1, 1, seq]
 h = x
 print(f"input            {list(h.shape)}")
 with torch.no_grad():
     for i, layer in enumerate(small_encoder.layers, start=1):
-        h = layer(h, mask)
+        h = encoder_layer_forward_impl(h, mask, layer)
         print(f"after layer {i}    {list(h.shape)}   mean |h| per position {h.norm(dim=-1).mean():.3f}")
-    print("same as Encoder.forward:", torch.allclose(h, small_encoder(x, mask)))
+    stacked = encoder_forward_impl(x, mask, small_encoder, encoder_layer_forward_impl)
+    print("encoder_forward_impl gives the same:", torch.allclose(h, stacked))
+    print("the library's Encoder.forward gives the same:", torch.allclose(stacked, small_encoder(x, mask), atol=1e-6))
 same_storage = small_encoder.layers[0].feed_forward.linear1.weight.data_ptr() == \
     small_encoder.layers[1].feed_forward.linear1.weight.data_ptr()
 print("layers 1 and 2 share their weight tensor:", same_storage)
 
 # %% [markdown]
 # Every layer of this post-norm stack ends in a LayerNorm with $\gamma = 1, \beta = 0$, so every position
-# leaves every layer with norm $\sqrt{32} \approx 5.657$.
+# leaves every layer with norm $\sqrt{32} \approx 5.657$. In a pre-norm stack the same walk would show the stream
+# growing, as in section 5, until the final `encoder.norm` brings it back.
 #
 # Finally, the size of the real thing. The paper's base encoder has $N = 6$ layers with $d_{model} = 512$, 8 heads and
 # $d_{ff} = 2048$. Built on PyTorch's `meta` device, nothing is allocated; we only count:
@@ -752,25 +950,39 @@ print(f"check: 6 x (4 (512^2 + 512) + 2 (512 * 2048) + 2048 + 512 + 4 * 512) = "
 #
 # * A **residual connection** computes $x + F(x)$. Its Jacobian $I + \partial F/\partial x$ gives the gradient a
 #   path through the stack on which it is never shrunk: in a 30-layer tanh stack, the first layer's gradient went
-#   from about $10^{-7}$ times the last layer's to the same order.
-# * **LayerNorm** normalises each token's feature vector by itself: mean and *biased* variance over the last
-#   dimension, $\epsilon$ inside the square root, then $\gamma \hat{x} + \beta$. Source 000's code
-#   (`x.std() + eps`) is a slightly different function.
-# * **BatchNorm**'s statistics mix the tokens of a batch, padding included: the same sentence got a different
-#   output when padded or batched with others; LayerNorm's output did not change at all.
+#   from about $10^{-7}$ times the last layer's to the same order. Residual networks (He et al., 2016) made
+#   stacks of a hundred layers and more trainable.
+# * **LayerNorm** (Ba et al., 2016) normalises each token's feature vector by itself: mean and *biased* variance over
+#   the last dimension, $\epsilon$ inside the square root, then $\gamma \hat{x} + \beta$. The Annotated
+#   Transformer's `x.std() + eps` is a slightly different function.
+# * **BatchNorm**'s statistics mix the tokens of a batch: the same sentence got a different output when padded or
+#   batched with others; masking the padding out removed the first effect, not the second. LayerNorm's output did
+#   not change at all.
 # * The **position-wise FFN**, $\max(0, xW_1 + b_1)W_2 + b_2$ with $d_{ff} = 4 d_{model}$, treats each position
 #   on its own with shared weights (a $1 \times 1$ convolution) and holds two thirds of an encoder layer's
-#   parameters.
-# * **Post-norm** $\mathrm{LN}(x + F(x))$ (the paper) keeps the stream normalised, and its layers' gradients do not
-#   shrink with depth, which is why it needs a learning-rate warm-up. **Pre-norm** $x + F(\mathrm{LN}(x))$ keeps an
-#   exact identity path, damps each layer's gradient as the stack deepens, and trains deep stacks more easily.
+#   parameters. Its ReLU is one of the layer's non-linearities, with attention's softmax and the LayerNorms.
+# * **Post-norm** $\mathrm{LN}(x + F(x))$ (the paper) keeps the stream normalised, and the top layers' gradients
+#   do not shrink with depth, which is why it needs a learning-rate warm-up (Xiong et al., 2020). **Pre-norm**
+#   $x + F(\mathrm{LN}(x))$ lets the stream grow and normalises it once, at the end: the final LayerNorm scales
+#   every layer's direct path alike, by less the deeper the stack, and lower layers collect more gradient through
+#   the paths above them.
 # * An **encoder layer** is self-attention then FFN, each inside Add & Norm; it matches
-#   `nn.TransformerEncoderLayer`. The paper's base encoder (6 layers) has 18,914,304 parameters.
+#   `nn.TransformerEncoderLayer`. The **encoder** chains $N$ of them (plus a final LayerNorm in pre-norm); the
+#   paper's base encoder (6 layers) has 18,914,304 parameters.
 #
 # ## What's next
 #
 # Chapter 06 builds the **decoder** side: the causal mask that stops a position from looking at the future,
 # padding masks, and cross-attention, the third sub-layer through which the decoder reads the encoder's output.
+
+# %% [markdown]
+# ## Where you stand
+#
+# Which of this chapter's exercises pass (the line for an exercise you have not checked yet says so):
+
+# %%
+exercise_summary(check_layer_norm, check_batch_norm, check_feed_forward, check_add_and_norm,
+                 check_encoder_layer_forward, check_encoder_forward)
 
 # %% [markdown]
 # ## Glossary · 术语表
@@ -784,6 +996,7 @@ print(f"check: 6 x (4 (512^2 + 512) + 2 (512 * 2048) + 2048 + 512 + 4 * 512) = "
 # | biased variance | 有偏方差 | the variance divided by $d$ rather than $d - 1$ |
 # | gain and bias ($\gamma$, $\beta$) | 缩放因子与平移因子 | LayerNorm's learned per-feature scale and shift |
 # | padding | 填充 | filler tokens that bring the sentences of a batch to one length |
+# | padding mask | 填充掩码 | a boolean tensor saying which positions are real tokens (`True`) and which are padding |
 # | position-wise feed-forward network | 逐位置前馈网络 (FFN) | the same two-layer MLP applied to every position separately |
 # | inner dimension $d_{ff}$ | 中间层维度 | the FFN's hidden size, 2048 = 4 × 512 in the paper |
 # | 1×1 convolution | 1×1 卷积 | a convolution with kernel size 1: the same linear map at every position |
@@ -793,3 +1006,4 @@ print(f"check: 6 x (4 (512^2 + 512) + 2 (512 * 2048) + 2048 + 512 + 4 * 512) = "
 # | residual stream | 残差流 | the running sum $x$ that every sub-layer reads from and adds to |
 # | learning-rate warm-up | 学习率预热 | starting training with a small learning rate that grows over the first steps |
 # | encoder layer | 编码器层 | self-attention then FFN, each inside Add & Norm; stacked $N$ times |
+# | dropout | 随机失活 (dropout) | zeroing random activations in training only; a no-op in eval mode |

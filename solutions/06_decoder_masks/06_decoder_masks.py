@@ -23,63 +23,51 @@
 # 2. **The causal mask**: each position may look at itself and the past, never the future. Proved on the
 #    library's `DecoderLayer`: change a future token and no earlier output moves.
 # 3. **The padding mask**: sentences of different lengths share one tensor; the filler must stay invisible.
+#    Which way a mask broadcasts, shown live.
 # 4. **Both at once**: the mask of the decoder's self-attention.
 # 5. **Cross-attention**: queries from the decoder, keys and values from the encoder.
-# 6. **The three attention types** of the Transformer in one table (document 001 §3.4).
+# 6. **The three attention types** of the Transformer in one picture.
 # 7. **Pitfalls, live**: masking after the softmax, `-inf` and NaN, fill values that are not negative enough
 #    (and `-1e9` in float16), and queries with nothing to attend to.
 #
-# Four exercises are autograded: `make_causal_mask`, `make_padding_mask`, `combine_decoder_mask` and
-# `masked_softmax`.
+# Five exercises are autograded: `make_causal_mask`, `make_padding_mask`, `combine_decoder_mask`,
+# `cross_attention` and `masked_softmax`.
 #
 # The convention of the whole course (chapter 02): a mask is a boolean tensor that broadcasts to the attention
 # scores `[..., L_q, L_k]`, and **`True` means "this query may attend to this key"**. It is the convention of
-# PyTorch's `scaled_dot_product_attention`. (Many tutorials, including the code in the source documents, use the
-# opposite one, where the marked entries are *hidden*. Mixing the two up is the most common mask bug.)
+# PyTorch's `torch.nn.functional.scaled_dot_product_attention`, whose documentation describes a boolean mask in
+# which True "indicates that the element should take part in attention". Beware: PyTorch's older
+# `nn.MultiheadAttention` and `nn.Transformer` use the opposite meaning for their boolean masks (True = *not*
+# allowed to attend), and many tutorials build float masks of 0 and `-inf` that are *added* to the scores.
+# Mixing up these conventions is the most common mask bug.
 
 # %%
 import math
 
 import matplotlib.pyplot as plt
 import torch
-from matplotlib.colors import ListedColormap
 
-from transformer_lib.attention import MultiHeadAttention, scaled_dot_product_attention, softmax
+from transformer_lib.attention import MultiHeadAttention, attention_scores, scaled_dot_product_attention, softmax
+from transformer_lib.checks import exercise_summary, yours_or_reference
 from transformer_lib.checks.ch06 import (
     check_combine_decoder_mask,
+    check_cross_attention,
     check_make_causal_mask,
     check_make_padding_mask,
     check_masked_softmax,
 )
+from transformer_lib.diagrams.ch06 import draw_mask, draw_three_attentions
 from transformer_lib.layers import DecoderLayer
 
 torch.manual_seed(0)
 torch.set_printoptions(precision=4, sci_mode=False)
 
-MASK_COLOURS = ListedColormap(["#eeeeee", "#2f6fad"])  # False: light grey, True: blue
-
-
-def draw_mask(ax, mask, queries, keys, title):
-    """Draw a boolean mask as a grid: one row per query, one column per key, True (may attend) in blue."""
-    mask = mask.detach().cpu().bool()  # [L_q, L_k]
-    ax.imshow(mask, cmap=MASK_COLOURS, vmin=0, vmax=1)
-    for i in range(mask.shape[0]):
-        for j in range(mask.shape[1]):
-            ok = bool(mask[i, j])
-            ax.text(j, i, "True" if ok else "False", ha="center", va="center", fontsize=6,
-                    color="white" if ok else "#888888")
-    ax.set_xticks(range(len(keys)), keys, rotation=45, ha="right", fontsize=8)
-    ax.set_yticks(range(len(queries)), queries, fontsize=8)
-    ax.set_xlabel("key (attended to)", fontsize=8)
-    ax.set_ylabel("query (attending)", fontsize=8)
-    ax.set_title(title, fontsize=9)
-
-
 # %% [markdown]
 # ## 1. Teacher forcing: the decoder sees the whole answer
 #
-# Document 000 follows a translation from French to English: *je suis étudiant* → *I am a student*. An
-# autoregressive decoder models the target one token at a time, with the chain rule (document 004 §12.7):
+# Take a translation from French to English, the running example of Jay Alammar's *The Illustrated
+# Transformer* (2018): *je suis étudiant* → *I am a student*. An autoregressive decoder models the target one
+# token at a time, with the chain rule (Prince, *Understanding Deep Learning*, 2023, section 12.7):
 #
 # $$P(y_1, \dots, y_T \mid x) = \prod_{t=1}^{T} P(y_t \mid y_1, \dots, y_{t-1}, x).$$
 #
@@ -126,7 +114,8 @@ print(f"correct  : {sum(p == w for p, w in zip(cheat, target))} of {L}")
 # %% [markdown]
 # Four of five right, and the model knows nothing about English: it reads the answer. Training would happily
 # push a real model towards this shortcut (the loss drops fast), and then generation would fail, because at
-# generation time the future tokens do not exist yet. Document 001 (§3.3) compares it to an open-book exam.
+# generation time the future tokens do not exist yet. It is an open-book exam in which the book holds the
+# answers, followed by a closed-book one.
 #
 # The cure is to make attention **causal**: position $t$ may attend to positions $0, \dots, t$ only.
 
@@ -139,9 +128,10 @@ print(f"correct  : {sum(p == w for p, w in zip(cheat, target))} of {L}")
 # $$M_{ij} = \begin{cases} \text{True} & j \le i \quad \text{(the key is the query itself or comes before it)} \\
 # \text{False} & j > i \quad \text{(the key is in the future)} \end{cases}$$
 #
-# It is the **lower triangle** of a matrix of ones, diagonal included. Attention applies it to the scores
-# *before* the softmax: hidden scores are replaced by a hugely negative number, whose exponential is 0, so the
-# future gets exactly zero weight and the visible weights still sum to one.
+# It is the **lower triangle** of a matrix of ones, diagonal included. Vaswani et al. ("Attention Is All You
+# Need", 2017, section 3.2.3) describe it as preventing leftward information flow in the decoder: the scores of
+# illegal connections are set to $-\infty$ *before* the softmax, so their exponential is 0, the future gets
+# exactly zero weight, and the visible weights still sum to one.
 #
 # **Predict**: how many entries of the $5 \times 5$ causal mask are True? And of the $L \times L$ one?
 
@@ -158,11 +148,12 @@ print(f"correct  : {sum(p == w for p, w in zip(cheat, target))} of {L}")
 #         [ True,  True, False],
 #         [ True,  True,  True]])
 # ```
-# Careful with three classic slips: the upper triangle instead of the lower one, forgetting the diagonal (a
-# token must see itself), and True meaning "hide" (the convention of the source documents' code, not ours).
+# Careful with four classic slips: the upper triangle instead of the lower one, forgetting the diagonal (a
+# token must see itself), True meaning "hide" (the convention of `nn.Transformer`'s masks, not ours), and a
+# float mask of 0 and `-inf` instead of booleans.
 #
-# <details><summary>Hint 1</summary><code>torch.tril</code> keeps the lower triangle of a matrix, including the diagonal by default. Start from <code>torch.ones(size, size, dtype=torch.bool)</code>.</details>
-# <details><summary>Hint 2</summary><code>return torch.ones(size, size, dtype=torch.bool).tril()</code></details>
+# <details><summary>Hint 1 — the idea</summary>Entry <code>[i, j]</code> answers "may query i see key j?": yes when j ≤ i. Shade those cells of a 3 × 3 grid: they form a triangle, and the diagonal belongs to it.</details>
+# <details><summary>Hint 2 — the plan</summary>Start from a <code>[size, size]</code> boolean matrix of all True, <code>torch.ones(size, size, dtype=torch.bool)</code>, and keep one of its triangles with <code>torch.tril</code> or <code>torch.triu</code> (their <code>diagonal</code> argument says where the triangle starts). Print your answer for size 3 and compare it with the worked example before running the check.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "make_causal_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def make_causal_mask(size: int) -> torch.Tensor:
@@ -175,20 +166,21 @@ def make_causal_mask(size: int) -> torch.Tensor:
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "make_causal_mask_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "make_causal_mask_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_make_causal_mask(make_causal_mask)
 ### BEGIN HIDDEN TESTS
 check_make_causal_mask(make_causal_mask, hidden=True)
 ### END HIDDEN TESTS
+
+# %%
+make_causal_mask_impl = yours_or_reference(make_causal_mask, check_make_causal_mask)
 
 # %% [markdown]
 # Here is the mask of our five decoder positions, drawn as a grid. Read it by rows: the query `am` (row 2) may
 # look at `<s>`, `I` and itself.
 
 # %%
-from transformer_lib.masks import causal_mask  # the reference: the rest of the chapter runs even if your answer is unfinished
-
-causal = causal_mask(L)  # [5, 5]
+causal = make_causal_mask_impl(L)  # [5, 5]
 print(f"True entries: {int(causal.sum())} of {causal.numel()}  (L (L + 1) / 2 = {L * (L + 1) // 2})")
 
 fig, ax = plt.subplots(figsize=(3.6, 3.4))
@@ -255,7 +247,7 @@ with torch.no_grad():
 with torch.no_grad():
     full = layer(x, memory, tgt_mask=causal)  # [1, 5, d_model], all positions at once
     for t in range(L):
-        prefix = layer(x[:, : t + 1], memory, tgt_mask=causal_mask(t + 1))  # what exists at step t
+        prefix = layer(x[:, : t + 1], memory, tgt_mask=make_causal_mask_impl(t + 1))  # what exists at step t
         same = torch.allclose(prefix[0, t], full[0, t], atol=1e-6)
         print(f"position {t}: prefix run == full run at position {t}: {same}")
 
@@ -309,17 +301,20 @@ print(tgt)
 # that is, on which other sentences happened to share its batch. So padded positions must be hidden **as
 # keys**: no query may attend to them.
 #
-# The padding mask says which *keys* are real. It is the same for every head and every query of a sentence,
-# so it has size 1 along those axes and lets broadcasting copy it:
+# The padding mask says which *keys* are real. It is the same for every query (and every head) of a sentence,
+# so it has **size 1 on the query axis** and lets broadcasting copy it over the queries. The keys stay on the
+# last axis. The scores come in two layouts in this course, and the padding mask follows them:
 #
-# | dim | batch | heads | queries $L_q$ | keys $L_k$ |
-# |---|---|---|---|---|
-# | scores | `batch` | `heads` | `seq` | `seq` |
-# | padding mask | `batch` | 1 | 1 | `seq` |
+# | scores | layout | padding mask |
+# |---|---|---|
+# | one head (chapter 02, and exercise 4 below) | `[batch, L_q, L_k]` | `[batch, 1, seq]` |
+# | several heads (chapter 03) | `[batch, heads, L_q, L_k]` | `[batch, 1, 1, seq]` |
 #
-# The two singleton dimensions in the middle matter. A mask of shape `[batch, seq]` or `[batch, 1, seq]` lines
-# up from the right with `[batch, heads, L_q, L_k]`: `[batch, 1, seq]` puts the batch axis on the heads axis.
-# With `batch == heads` (or a batch of one) that even runs without an error, and silently does the wrong thing.
+# Both are correct: each broadcasts over the queries. The library's `MultiHeadAttention` accepts either (a 3-D
+# mask gets its heads axis added inside, as in chapter 03), and `padding_mask` returns the 4-D one, which fits
+# the per-head scores directly. What goes wrong is a mask whose **1 sits on the wrong axis**: `[batch, seq, 1]`
+# hides query rows instead of key columns, and a bare `[batch, seq]` lines its batch axis up with the queries.
+# Both can run without an error message; we will watch them do it right after the exercise.
 
 # %% [markdown]
 # ### Exercise 2 — `make_padding_mask`
@@ -328,13 +323,13 @@ print(tgt)
 # Write `make_padding_mask(tokens, pad_id)`.
 #
 # * `tokens`: `[batch, seq]` integer ids; `pad_id`: the id of the padding token (not always 0!).
-# * returns a bool tensor `[batch, 1, 1, seq]`, True at real tokens, False at padding.
+# * returns a bool tensor `[batch, 1, 1, seq]` (the per-head layout), True at real tokens, False at padding.
 #
 # Worked example: `make_padding_mask(torch.tensor([[5, 7, 0], [4, 0, 0]]), 0)` has shape `[2, 1, 1, 3]`, and
 # `[:, 0, 0]` of it is `[[True, True, False], [True, False, False]]`.
 #
-# <details><summary>Hint 1</summary>Compare the ids with <code>pad_id</code>, then add two singleton dimensions in the middle: indexing with <code>None</code> (or <code>unsqueeze</code>) does it.</details>
-# <details><summary>Hint 2</summary><code>return (tokens != pad_id)[:, None, None, :]</code></details>
+# <details><summary>Hint 1 — the idea</summary>A token is real when its id differs from <code>pad_id</code>: one comparison gives <code>[batch, seq]</code> booleans. Then give them the layout of the scores they will meet: keys on the last axis, size 1 on the heads and query axes.</details>
+# <details><summary>Hint 2 — the plan</summary><code>real = tokens != pad_id  # [batch, seq]</code>, then insert two singleton axes between the batch and the keys (indexing with <code>None</code> inserts one, so does <code>unsqueeze</code>), to reach <code>[batch, 1, 1, seq]</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "make_padding_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def make_padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -348,11 +343,14 @@ def make_padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "make_padding_mask_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "make_padding_mask_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_make_padding_mask(make_padding_mask)
 ### BEGIN HIDDEN TESTS
 check_make_padding_mask(make_padding_mask, hidden=True)
 ### END HIDDEN TESTS
+
+# %%
+make_padding_mask_impl = yours_or_reference(make_padding_mask, check_make_padding_mask)
 
 # %% [markdown]
 # Does the mask make a sentence's outputs independent of its padding? Take *you are* (sentence 1) and run
@@ -360,12 +358,10 @@ check_make_padding_mask(make_padding_mask, hidden=True)
 # two `<pad>` tokens at the end. Compare the outputs of its three real positions.
 
 # %%
-from transformer_lib.masks import padding_mask  # the reference: the rest of the chapter runs even if your answer is unfinished
-
 torch.manual_seed(7)
 embed = torch.nn.Embedding(len(TGT_VOCAB), d_model)
 self_attn = MultiHeadAttention(d_model, n_heads).eval()
-pad_mask = padding_mask(tgt, PAD)  # [3, 1, 1, 5]
+pad_mask = make_padding_mask_impl(tgt, PAD)  # [3, 1, 1, 5]
 print("padding mask shape:", list(pad_mask.shape))
 
 with torch.no_grad():
@@ -387,6 +383,82 @@ print(f"without the padding mask: largest difference {(out_unmasked - out_alone)
 # those rows too would leave them with nothing to attend to. Section 7 shows why that is worse than it sounds.
 
 # %% [markdown]
+# ### Which way a mask broadcasts, live
+#
+# Broadcasting lines shapes up **from the right** and copies every axis of size 1. So the position of the 1
+# decides what the mask means. Four layouts of the same True/False values, handed to `MultiHeadAttention` on a
+# batch of **five** sentences of length five. Five and five on purpose: with `batch == seq`, even the wrong
+# layouts broadcast without an error. For each layout we measure how far the real tokens' outputs are from
+# running each sentence alone, without padding (0 means the padding is invisible).
+#
+# **Predict**: which of the four layouts give 0?
+
+# %%
+batch5_words = [
+    ["<s>", "I", "am", "a", "student"],
+    ["<s>", "you", "are", "<pad>", "<pad>"],
+    ["<s>", "hello", "<pad>", "<pad>", "<pad>"],
+    ["<s>", "I", "am", "<pad>", "<pad>"],
+    ["<s>", "you", "are", "a", "<pad>"],
+]
+tgt5 = torch.stack([ids(w, TGT_VOCAB) for w in batch5_words])  # [batch=5, seq=5]
+real5 = tgt5 != PAD                                            # [batch, seq]
+lengths5 = real5.sum(dim=-1).tolist()
+
+
+def as_seen_by_attention(mask, batch, length):
+    """What MultiHeadAttention makes of a mask: [batch, 1 (heads), L_q, L_k]."""
+    if mask.dim() == 3:
+        mask = mask.unsqueeze(1)  # MultiHeadAttention gives a 3-D mask its heads axis
+    return mask.expand(batch, 1, length, length)
+
+
+layouts = {
+    "[batch, 1, 1, seq]": make_padding_mask_impl(tgt5, PAD),  # padding_mask's layout
+    "[batch, 1, seq]": real5[:, None, :],                     # chapter 03's layout for MultiHeadAttention
+    "[batch, seq, 1]": real5[:, :, None],                     # the 1 on the wrong side
+    "[batch, seq]": real5,                                    # no 1 at all
+}
+with torch.no_grad():
+    h5 = embed(tgt5)  # [5, 5, d_model]
+    alone5 = [self_attn(h5[b:b + 1, :n], h5[b:b + 1, :n], h5[b:b + 1, :n])[0] for b, n in enumerate(lengths5)]
+    for name, mask in layouts.items():
+        out5 = self_attn(h5, h5, h5, mask=mask)  # [5, 5, d_model]
+        error = max((out5[b, :n] - alone5[b]).abs().max().item() for b, n in enumerate(lengths5))
+        print(f"mask {name:<19}: largest difference from the unpadded runs {error:.4f}")
+
+# %% [markdown]
+# The two layouts with the 1 on the query axis give 0 (up to rounding): they are the same mask, one for
+# single-head scores and one for per-head scores. The two others run silently and are wrong. The grids show
+# what attention made of each, for sentence 1 (*you are*, two padding tokens):
+
+# %%
+fig, axes = plt.subplots(1, 4, figsize=(11, 3.2))
+words1 = batch5_words[1]
+for ax, (name, mask) in zip(axes, layouts.items()):
+    draw_mask(ax, as_seen_by_attention(mask, 5, 5)[1, 0], words1, words1, f"mask {name}")
+for ax in axes[1:]:
+    ax.set_ylabel("")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# * `[batch, seq, 1]` turned the padding into **rows**: the padded *queries* see nothing, and the real tokens
+#   still read the padded keys. It hides the wrong thing.
+# * `[batch, seq]` is read as one `[L_q, L_k]` grid shared by every sentence: **row $i$ holds the padding of
+#   sentence $i$**. Query 4 of *you are* uses the padding of sentence 4, and so on.
+#
+# With any other batch size the bare `[batch, seq]` mask does not broadcast at all. That is the lucky case,
+# and the library says so in words:
+
+# %%
+try:
+    with torch.no_grad():
+        self_attn(batch, batch, batch, mask=tgt != PAD)  # batch of 3, seq of 5: a [3, 5] mask
+except ValueError as err:
+    print("ValueError:", err)
+
+# %% [markdown]
 # ## 4. Both at once: the decoder's self-attention mask
 #
 # The decoder's self-attention needs both rules at the same time: a key is visible only if it is **not in the
@@ -395,9 +467,6 @@ print(f"without the padding mask: largest difference {(out_unmasked - out_alone)
 #
 # $$\underbrace{[L, L]}_{\text{causal}} \;\&\; \underbrace{[\text{batch}, 1, 1, L]}_{\text{padding}}
 # \;\longrightarrow\; [\text{batch}, 1, L, L].$$
-#
-# Document 000 describes the same rule: the two masks are combined element by element, and a position is
-# visible only where both allow it.
 
 # %% [markdown]
 # ### Exercise 3 — `combine_decoder_mask`
@@ -417,10 +486,11 @@ print(f"without the padding mask: largest difference {(out_unmasked - out_alone)
 #  [ True,  True,  True, False],
 #  [ True,  True,  True, False]]
 # ```
-# You may use your two earlier functions, or the library's `causal_mask` and `padding_mask`.
+# You may build on your two earlier functions through `make_causal_mask_impl` and `make_padding_mask_impl`
+# (yours if they passed their checks, the library's otherwise).
 #
-# <details><summary>Hint 1</summary>Build the causal mask for <code>L = tokens.shape[1]</code> and the padding mask <code>[batch, 1, 1, L]</code>, then combine them with the operator that keeps a key only if <em>both</em> allow it.</details>
-# <details><summary>Hint 2</summary><code>causal_mask(tokens.shape[1]) &amp; padding_mask(tokens, pad_id)</code> (an OR, <code>|</code>, would let through every key that <em>either</em> mask allows).</details>
+# <details><summary>Hint 1 — the idea</summary>Two rules, and a key must pass both: that is a logical AND of two boolean masks. Broadcasting lines the causal grid up with every sentence's padding row.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: causal <code>[L, L]</code> AND padding <code>[batch, 1, 1, L]</code> gives <code>[batch, 1, L, L]</code>. A first line: <code>causal = make_causal_mask_impl(tokens.shape[1])  # [L, L]</code>. Which operator keeps a key only when <em>both</em> masks allow it?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "combine_decoder_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def combine_decoder_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -436,26 +506,27 @@ def combine_decoder_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "combine_decoder_mask_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "combine_decoder_mask_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_combine_decoder_mask(combine_decoder_mask)
 ### BEGIN HIDDEN TESTS
 check_combine_decoder_mask(combine_decoder_mask, hidden=True)
 ### END HIDDEN TESTS
+
+# %%
+combine_decoder_mask_impl = yours_or_reference(combine_decoder_mask, check_combine_decoder_mask)
 
 # %% [markdown]
 # The library calls it `decoder_self_mask`. Here are its three ingredients for the sentence *you are*, the
 # padding mask drawn broadcast over the queries:
 
 # %%
-from transformer_lib.masks import decoder_self_mask  # the reference: the rest of the chapter runs even if your answer is unfinished
-
-tgt_mask = decoder_self_mask(tgt, PAD)  # [3, 1, 5, 5]
+tgt_mask = combine_decoder_mask_impl(tgt, PAD)  # [3, 1, 5, 5]
 print("decoder self-attention mask:", list(tgt_mask.shape))
 
 b = 1
 words = batch_words[b]
 fig, axes = plt.subplots(1, 3, figsize=(8, 3.2))
-draw_mask(axes[0], causal_mask(L), words, words, "causal")
+draw_mask(axes[0], make_causal_mask_impl(L), words, words, "causal")
 draw_mask(axes[1], pad_mask[b, 0].expand(L, L), words, words, "padding (keys)")
 draw_mask(axes[2], tgt_mask[b, 0], words, words, "causal AND padding")
 for ax in axes[1:]:
@@ -473,8 +544,9 @@ print("visible keys per query of 'you are':", tgt_mask[b, 0].sum(dim=-1).tolist(
 # ## 5. Cross-attention: the decoder reads the encoder
 #
 # Between its masked self-attention and its feed-forward network, every decoder layer has a second attention,
-# the **encoder–decoder attention** or **cross-attention** (document 004 §12.8). It works like self-attention,
-# except for where its inputs come from:
+# the **encoder–decoder attention** or **cross-attention** (Vaswani et al., 2017, section 3.2.3; Prince,
+# *Understanding Deep Learning*, section 12.8). It works like self-attention, except for where its inputs come
+# from:
 #
 # * the **queries** come from the decoder: "what does the target word I am writing need from the source?";
 # * the **keys and values** come from the encoder's output, the **memory**: every source token, already
@@ -485,11 +557,10 @@ print("visible keys per query of 'you are':", tgt_mask[b, 0].sum(dim=-1).tolist(
 # Two consequences for the mask:
 #
 # * **No causal mask.** The whole source sentence is known before decoding starts; nothing in it is "future".
-# * **The source padding mask**, `[batch, 1, 1, src_len]`, the same one the encoder used. Padded source tokens
-#   must not be read.
+# * **The source padding mask**, the same one the encoder used. Padded source tokens must not be read.
 #
-# The weight matrix is no longer square: `[batch, heads, tgt_len, src_len]`. The shapes, with a batch of three
-# source sentences of length 4 and the three target sentences of length 5:
+# The weight matrix is no longer square: one row per target position, one column per source position,
+# `[batch, T, S]` for one head. Our source batch, three French sentences of length 4:
 
 # %%
 src_words = [
@@ -498,8 +569,122 @@ src_words = [
     ["bonjour", "<pad>", "<pad>", "<pad>"],
 ]
 src = torch.stack([ids(w, SRC_VOCAB) for w in src_words])  # [batch=3, src_len=4]
-src_mask = padding_mask(src, PAD)                          # [3, 1, 1, 4]
+src_mask = make_padding_mask_impl(src, PAD)                # [3, 1, 1, 4]: for per-head scores
+src_mask_1head = src_mask[:, 0]                            # [3, 1, 4]: for one head's scores [3, T, 4]
+print("source padding mask, per head :", list(src_mask.shape))
+print("source padding mask, one head :", list(src_mask_1head.shape), "->", src_mask_1head[:, 0].tolist())
 
+# %% [markdown]
+# ### Exercise 4 — `cross_attention`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
+#
+# Write single-head cross-attention, `cross_attention(x, memory, w_q, w_k, w_v, mask=None)`, returning
+# `(output, weights)`.
+#
+# * `x`: `[batch, T, d_model]`, the decoder's states (they ask); `memory`: `[batch, S, d_model]`, the encoder's
+#   output (it answers). `T` and `S` usually differ.
+# * `w_q`, `w_k`: `[d_model, d_k]`; `w_v`: `[d_model, d_v]`, used as `x @ w`.
+# * `mask`: `None`, or boolean (True = may attend) broadcastable to the scores `[batch, T, S]`: typically the
+#   source padding mask in its one-head layout `[batch, 1, S]`, which broadcasts over the `T` queries.
+# * returns `output` `[batch, T, d_v]`, one vector per **target** position, and `weights` `[batch, T, S]`.
+#
+# Worked example: with `x` `[2, 5, 8]`, `memory` `[2, 4, 8]`, `w_q` and `w_k` `[8, 4]` and `w_v` `[8, 6]`, the
+# output is `[2, 5, 6]` and the weights `[2, 5, 4]`; with the mask `[[[True, True, False, False]]]` the last
+# two columns of the weights are exactly 0 and every row sums to 1.
+#
+# You may use `scaled_dot_product_attention` (imported above: it takes `q, k, v, mask` and returns
+# `(output, weights)`), or write the scale, the fill and the softmax yourself.
+#
+# <details><summary>Hint 1 — the idea</summary>The recipe of chapter 02's self-attention, with the sources changed: the decoder asks, the encoder's memory answers. And no causal mask: the whole source exists before decoding starts.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: <code>q</code> <code>[batch, T, d_k]</code> from <code>x</code>; <code>k</code> <code>[batch, S, d_k]</code> and <code>v</code> <code>[batch, S, d_v]</code> from <code>memory</code>; scores <code>q k^T / sqrt(d_k)</code> <code>[batch, T, S]</code>, where the mask <code>[batch, 1, S]</code> broadcasts over the rows. The scale belongs to <code>d_k = w_q.shape[-1]</code>, not to <code>d_model</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "cross_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def cross_attention(x, memory, w_q, w_k, w_v, mask=None):
+    """Single-head cross-attention: queries from the decoder states x, keys and values from memory.
+
+    x: [batch, T, d_model]; memory: [batch, S, d_model]; w_q, w_k: [d_model, d_k]; w_v: [d_model, d_v].
+    mask: None or bool broadcastable to [batch, T, S], True = may attend.
+    Returns (output [batch, T, d_v], weights [batch, T, S]).
+    """
+    ### BEGIN SOLUTION
+    q = x @ w_q  # [batch, T, d_k]: the decoder asks
+    k = memory @ w_k  # [batch, S, d_k]: the encoder's memory answers
+    v = memory @ w_v  # [batch, S, d_v]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [batch, T, S]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)  # [batch, 1, S] covers every query
+    weights = torch.softmax(scores, dim=-1)  # [batch, T, S], no causal mask: the source is all known
+    return weights @ v, weights  # [batch, T, d_v], [batch, T, S]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "cross_attention_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_cross_attention(cross_attention)
+### BEGIN HIDDEN TESTS
+check_cross_attention(cross_attention, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+cross_attention_impl = yours_or_reference(cross_attention, check_cross_attention)
+
+# %% [markdown]
+# ### A cross-attention heatmap
+#
+# What a trained cross-attention does is align target words with source words (chapter 01 called attention a
+# soft alignment). To see one without training a model (chapter 07 trains one), we set the weights **by
+# hand**. Each word gets a 4-feature vector: *I* and *je* share the feature "first person", *am* and *suis* the
+# feature "to be", *student* and *étudiant* the feature "student". The article *a* carries half of "student"
+# (French has no separate article here: *étudiant* alone means *a student*). $W^Q$ and $W^K$ are scaled
+# identities and $W^V$ the identity, so a score is just the dot product of two words' features.
+#
+# The `<pad>` memory vector is made deliberately "attractive" (a bit of every feature), as the output of an
+# encoder at a padded position may well be, since the encoder computes *something* there too.
+
+# %%
+features = {  # first person, to be, student, (unused)
+    "je": [1.0, 0.0, 0.0, 0.0], "suis": [0.0, 1.0, 0.0, 0.0], "étudiant": [0.0, 0.0, 1.0, 0.0],
+    "<pad>": [0.6, 0.6, 0.6, 0.0],
+    "I": [1.0, 0.0, 0.0, 0.0], "am": [0.0, 1.0, 0.0, 0.0], "a": [0.0, 0.0, 0.5, 0.0], "student": [0.0, 0.0, 1.0, 0.0],
+}
+src_tokens, tgt_tokens = src_words[0], ["I", "am", "a", "student"]
+mem_hand = torch.tensor([[features[w] for w in src_tokens]])  # [1, src_len=4, 4]
+dec_hand = torch.tensor([[features[w] for w in tgt_tokens]])  # [1, tgt_len=4, 4]
+eye4 = torch.eye(4)
+
+with torch.no_grad():
+    _, w_no_mask = cross_attention_impl(dec_hand, mem_hand, 3 * eye4, 3 * eye4, eye4, None)
+    _, w_src_mask = cross_attention_impl(dec_hand, mem_hand, 3 * eye4, 3 * eye4, eye4, src_mask_1head[:1])
+w_no_mask, w_src_mask = w_no_mask[0], w_src_mask[0]  # [tgt_len, src_len]
+
+fig, axes = plt.subplots(1, 2, figsize=(7.5, 3.2))
+for ax, w, title in [(axes[0], w_no_mask, "cross-attention, no mask"), (axes[1], w_src_mask, "with the source padding mask")]:
+    im = ax.imshow(w, cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(len(src_tokens)), src_tokens, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(len(tgt_tokens)), tgt_tokens, fontsize=8)
+    ax.set_xlabel("source token (key, value)", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    for i in range(w.shape[0]):
+        for j in range(w.shape[1]):
+            ax.text(j, i, f"{w[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if w[i, j] > 0.5 else "black")
+axes[0].set_ylabel("target token (query)", fontsize=8)
+fig.colorbar(im, ax=axes, fraction=0.03)
+plt.show()
+print("weight on <pad>, no mask  :", [f"{v:.2f}" for v in w_no_mask[:, 3].tolist()])
+print("weight on <pad>, with mask:", [f"{v:.2f}" for v in w_src_mask[:, 3].tolist()])
+
+# %% [markdown]
+# Each target word looks mostly at its translation. Without the mask, a noticeable share of every row goes to
+# the padding (the printed weights on `<pad>`), most of all for *a*, which matches nothing strongly. With the
+# source padding mask, `<pad>` gets exactly 0 and its share returns to the real words.
+#
+# ### Cross-attention in the library's layers
+#
+# `MultiHeadAttention` does the same with several heads: its weights are `[batch, heads, T, S]`, and the
+# source padding mask in its per-head layout `[batch, 1, 1, S]` reaches every head and every query. With the
+# three source sentences and the three target sentences of section 3:
+
+# %%
 torch.manual_seed(8)
 cross = MultiHeadAttention(d_model, n_heads).eval()
 dec_states = torch.randn(3, 5, d_model)  # [batch, tgt_len, d_model]: queries come from here
@@ -529,64 +714,10 @@ with torch.no_grad():
         print(f"{name}: largest change of the decoder output: {(y - y_changed).abs().max():.4f}")
 
 # %% [markdown]
-# ### A cross-attention heatmap
-#
-# What a trained cross-attention does is align target words with source words (chapter 01 called attention a
-# soft alignment). To see one without training a model (chapter 07 trains one), we set the weights **by
-# hand**. Each word gets a 4-feature vector: *I* and *je* share the feature "first person", *am* and *suis* the
-# feature "to be", *student* and *étudiant* the feature "student". The article *a* carries half of "student"
-# (French has no separate article here: *étudiant* alone means *a student*). $W^Q$ and $W^K$ are scaled
-# identities and $W^V$ the identity, so a score is just the dot product of two words' features.
-#
-# The `<pad>` memory vector is made deliberately "attractive" (a bit of every feature), as the output of an
-# encoder at a padded position may well be, since the encoder computes *something* there too.
-
-# %%
-features = {  # first person, to be, student, (unused)
-    "je": [1.0, 0.0, 0.0, 0.0], "suis": [0.0, 1.0, 0.0, 0.0], "étudiant": [0.0, 0.0, 1.0, 0.0],
-    "<pad>": [0.6, 0.6, 0.6, 0.0],
-    "I": [1.0, 0.0, 0.0, 0.0], "am": [0.0, 1.0, 0.0, 0.0], "a": [0.0, 0.0, 0.5, 0.0], "student": [0.0, 0.0, 1.0, 0.0],
-}
-src_tokens, tgt_tokens = src_words[0], ["I", "am", "a", "student"]
-mem_hand = torch.tensor([[features[w] for w in src_tokens]])  # [1, src_len=4, 4]
-dec_hand = torch.tensor([[features[w] for w in tgt_tokens]])  # [1, tgt_len=4, 4]
-
-hand = MultiHeadAttention(d_model=4, n_heads=1).eval()
-with torch.no_grad():
-    for lin, scale in [(hand.w_q, 3.0), (hand.w_k, 3.0), (hand.w_v, 1.0), (hand.w_o, 1.0)]:
-        lin.weight.copy_(scale * torch.eye(4))
-        lin.bias.zero_()
-    hand(dec_hand, mem_hand, mem_hand, mask=None, need_weights=True)
-    w_no_mask = hand.last_weights[0, 0]  # [tgt_len, src_len]
-    hand(dec_hand, mem_hand, mem_hand, mask=src_mask[:1], need_weights=True)
-    w_src_mask = hand.last_weights[0, 0]
-
-fig, axes = plt.subplots(1, 2, figsize=(7.5, 3.2))
-for ax, w, title in [(axes[0], w_no_mask, "cross-attention, no mask"), (axes[1], w_src_mask, "with the source padding mask")]:
-    im = ax.imshow(w, cmap="Blues", vmin=0, vmax=1)
-    ax.set_xticks(range(len(src_tokens)), src_tokens, rotation=45, ha="right", fontsize=8)
-    ax.set_yticks(range(len(tgt_tokens)), tgt_tokens, fontsize=8)
-    ax.set_xlabel("source token (key, value)", fontsize=8)
-    ax.set_title(title, fontsize=9)
-    for i in range(w.shape[0]):
-        for j in range(w.shape[1]):
-            ax.text(j, i, f"{w[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                    color="white" if w[i, j] > 0.5 else "black")
-axes[0].set_ylabel("target token (query)", fontsize=8)
-fig.colorbar(im, ax=axes, fraction=0.03)
-plt.show()
-print("weight on <pad>, no mask  :", [f"{v:.2f}" for v in w_no_mask[:, 3].tolist()])
-print("weight on <pad>, with mask:", [f"{v:.2f}" for v in w_src_mask[:, 3].tolist()])
-
-# %% [markdown]
-# Each target word looks mostly at its translation. Without the mask, a noticeable share of every row goes to
-# the padding (the printed weights on `<pad>`), most of all for *a*, which matches nothing strongly. With the
-# source padding mask, `<pad>` gets exactly 0 and its share returns to the real words.
-
-# %% [markdown]
 # ## 6. The three attention types, side by side
 #
-# A Transformer for translation uses attention in three places (document 001 §3.4, document 000 §10):
+# A Transformer for translation uses attention in three places, the three that Vaswani et al. (2017,
+# section 3.2.3) list:
 #
 # | attention | where | queries from | keys and values from | may see | mask | weights |
 # |---|---|---|---|---|---|---|
@@ -596,8 +727,24 @@ print("weight on <pad>, with mask:", [f"{v:.2f}" for v in w_src_mask[:, 3].tolis
 #
 # ($B$ batch, $h$ heads, $S$ source length, $T$ target length.) Only the decoder's self-attention needs the causal
 # mask; padding must be hidden everywhere. The library's `EncoderDecoder` takes exactly two masks, `src_mask`
-# and `tgt_mask`: the first serves both the encoder and the cross-attention. Checking the shapes with three
-# attention modules:
+# and `tgt_mask`: the first serves both the encoder and the cross-attention.
+#
+# The picture below draws each of them for sentence 1 (*tu es* → *you are*), with the masks built above. The
+# rows are the queries and say which sequence asks; the columns are the keys and values and say which sequence
+# answers. The encoder's grid is a full block with the padded columns removed, the decoder's a triangle, the
+# cross-attention's a rectangle. (Prince, section 12.9, draws the first two as the "interaction matrices" of
+# an encoder and a decoder.)
+
+# %%
+b = 1
+fig = draw_three_attentions(src_words[b], batch_words[b],
+                            enc_mask=src_mask[b, 0].expand(4, 4),    # [S, S]
+                            dec_mask=tgt_mask[b, 0],                 # [T, T]
+                            cross_mask=src_mask[b, 0].expand(5, 4))  # [T, S]
+plt.show()
+
+# %% [markdown]
+# Checking the shapes with three attention modules, one per type:
 
 # %%
 torch.manual_seed(9)
@@ -612,21 +759,6 @@ for name, module, mask in [("encoder self-attention", enc_self, src_mask),
                            ("masked decoder self-att.", dec_self, tgt_mask),
                            ("cross-attention", enc_dec, src_mask)]:
     print(f"{name:<25} mask {str(list(mask.shape)):<14} weights {list(module.last_weights.shape)}")
-
-# %% [markdown]
-# The three masks of sentence 1 (*tu es* → *you are*), each broadcast to the full grid its attention uses. The
-# encoder's is a full block with the padded columns removed, the decoder's a triangle, the cross-attention's
-# a rectangle (document 004, §12.9, describes the first two as the encoder's full and the decoder's
-# triangular "interaction matrix"):
-
-# %%
-b = 1
-fig, axes = plt.subplots(1, 3, figsize=(8, 3.3))
-draw_mask(axes[0], src_mask[b, 0].expand(4, 4), src_words[b], src_words[b], "encoder self")
-draw_mask(axes[1], tgt_mask[b, 0], batch_words[b], batch_words[b], "decoder self (masked)")
-draw_mask(axes[2], src_mask[b, 0].expand(5, 4), batch_words[b], src_words[b], "cross (decoder -> encoder)")
-fig.tight_layout()
-plt.show()
 
 # %% [markdown]
 # ## 7. Pitfalls, live
@@ -649,8 +781,9 @@ print("mask after softmax :", wrong, f" sum {wrong.sum():.4f}")
 
 # %% [markdown]
 # The weights after the late mask no longer sum to one: this row sums to 0.28, so the query's output
-# shrinks to about a quarter of its size, and by a different factor for every query. Worse, the future still leaks in, through the softmax's
-# denominator. Change only a **future** score (key 3, `student`) and watch the weights of the two *visible* keys:
+# shrinks to about a quarter of its size, and by a different factor for every query. Worse, the future still
+# leaks in, through the softmax's denominator. Change only a **future** score (key 3, `student`) and watch the
+# weights of the two *visible* keys:
 
 # %%
 scores_I_changed = scores_I.clone()
@@ -667,10 +800,11 @@ for name, s in [("original future score", scores_I), ("changed future score ", s
 #
 # ### Pitfall 2: `-inf` and a row with nothing to attend to
 #
-# The source documents fill hidden scores with `float('-inf')`: $e^{-\infty} = 0$, exactly what we want. It
-# works as long as every row keeps at least one visible key. A row where *every* key is hidden becomes all
-# `-inf`, and the stable softmax computes $-\infty - (-\infty)$, which is NaN (not a number). Here in float16,
-# the dtype of mixed-precision training, with a query (row 1) that may see nothing:
+# The paper sets the scores of illegal connections to $-\infty$ (Vaswani et al., 2017, section 3.2.3), and many
+# implementations fill with `float('-inf')` literally: $e^{-\infty} = 0$, exactly what we want. It works as long
+# as every row keeps at least one visible key. A row where *every* key is hidden becomes all `-inf`, and the
+# stable softmax computes $-\infty - (-\infty)$, which is NaN (not a number). Here in float16, the dtype of
+# mixed-precision training, with a query (row 1) that may see nothing:
 
 # %%
 scores16 = torch.tensor([[1.0, 2.0, 0.5], [0.3, -1.0, 2.0]], dtype=torch.float16)  # [2 queries, 3 keys]
@@ -688,13 +822,12 @@ weights3 = torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]])  # nobody looks at v
 print("weights @ values:\n", weights3 @ values3)             # ... and still every output is NaN
 
 # %% [markdown]
-# The fix has two steps, and the library's `scaled_dot_product_attention` does both (in
-# `transformer_lib.attention.masked_softmax`):
+# The fix has two steps, and the library's `scaled_dot_product_attention` does both:
 #
 # 1. Fill with **the most negative finite number of the dtype**, `torch.finfo(scores.dtype).min`, not `-inf`.
 #    A fully hidden row then holds equal finite numbers, and the softmax is defined: uniform.
 # 2. A uniform average over keys the query must not see is still wrong, so **set rows with no visible key to
-#    zero**: `weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)`. That query's output is then 0.
+#    zero**. That query's output is then 0.
 
 # %%
 step1 = softmax(scores16.masked_fill(~mask16, torch.finfo(scores16.dtype).min))
@@ -704,7 +837,7 @@ print("step 1, finfo.min fill:\n", step1)
 print("step 2, empty rows zeroed:\n", step2)
 
 # %% [markdown]
-# ### Exercise 4 — `masked_softmax`
+# ### Exercise 5 — `masked_softmax`
 # > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
 #
 # Write `masked_softmax(scores, mask)`: the softmax over the last dimension (the keys) that respects a mask.
@@ -718,8 +851,8 @@ print("step 2, empty rows zeroed:\n", step2)
 #
 # You may use `torch.softmax` or the `softmax` of chapter 02 (imported above).
 #
-# <details><summary>Hint 1</summary>Three steps: fill the hidden scores with <code>torch.finfo(scores.dtype).min</code>, take the softmax over <code>dim=-1</code>, then zero the rows where <code>mask.any(dim=-1, keepdim=True)</code> is False.</details>
-# <details><summary>Hint 2</summary><code>weights = torch.softmax(scores.masked_fill(~mask, torch.finfo(scores.dtype).min), dim=-1)</code>, then <code>return weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>Hidden scores must become so negative that their exponential is 0, yet stay finite, so that a row whose keys are all hidden does not compute −∞ − (−∞). Such a row then comes out uniform: set it to zero at the end.</details>
+# <details><summary>Hint 2 — the plan</summary>Three steps, every tensor <code>[..., L_q, L_k]</code>: fill, softmax over <code>dim=-1</code>, zero the empty rows. The first line: <code>hidden = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)</code>. For the last step, <code>mask.any(dim=-1, keepdim=True)</code> is <code>[..., L_q, 1]</code>: False exactly for the queries that see nothing.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "masked_softmax", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -738,24 +871,26 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "masked_softmax_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "masked_softmax_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
 check_masked_softmax(masked_softmax)
 ### BEGIN HIDDEN TESTS
 check_masked_softmax(masked_softmax, hidden=True)
 ### END HIDDEN TESTS
 
+# %%
+masked_softmax_impl = yours_or_reference(masked_softmax, check_masked_softmax)
+
 # %% [markdown]
-# The library's attention uses exactly this function, so that there is one copy of the logic:
+# The library's attention computes its weights exactly this way, so that there is one copy of the logic. Your
+# function (or the reference) against it, on the decoder's mask and on the float16 example:
 
 # %%
-from transformer_lib.attention import attention_scores, masked_softmax  # the reference: the rest of the chapter runs even if your answer is unfinished
-
 g = torch.Generator().manual_seed(10)
 q, k, v = (torch.randn(3, 2, 5, 8, generator=g) for _ in range(3))  # [batch, heads, T, d_k]
 _, weights = scaled_dot_product_attention(q, k, v, mask=tgt_mask)
-print("scaled_dot_product_attention's weights == masked_softmax(scores):",
-      torch.equal(weights, masked_softmax(attention_scores(q, k), tgt_mask)))
-print("float16 example:\n", masked_softmax(scores16, mask16))
+print("scaled_dot_product_attention's weights == masked_softmax_impl(scores) (to 1e-6):",
+      torch.allclose(weights, masked_softmax_impl(attention_scores(q, k), tgt_mask), atol=1e-6))
+print("float16 example:\n", masked_softmax_impl(scores16, mask16))
 
 # %% [markdown]
 # ### Pitfall 3: a fill value that is not negative enough (and `-1e9` in float16)
@@ -784,9 +919,9 @@ for fill in [0.0, -1.0, -10.0, -1e4, torch.finfo(torch.float32).min]:
 # second the hidden keys take almost all the weight: $-10$ is *larger* than $-12$. Only a fill far below any
 # score that can occur is safe, which is why the library uses the most negative number of the dtype.
 #
-# Then why not the classic `-1e9` (the value in document 000's code, and document 001's advice for float16
-# in §4.4)?
-# In float32 it works. In float16, whose largest magnitude is 65504, $-10^9$ does not exist:
+# Then why not the classic `-1e9`, the fill of the Annotated Transformer's `attention` function (Rush, "The
+# Annotated Transformer", Harvard NLP, 2018)? In float32 it works. In float16, whose largest magnitude is
+# 65504, $-10^9$ does not exist:
 
 # %%
 print(f"finfo(float16).min = {torch.finfo(torch.float16).min:.0f}, finfo(float32).min = {torch.finfo(torch.float32).min:.3g}")
@@ -838,8 +973,8 @@ for name, first_mask in [("padded keys hidden (section 3)   ", keys_only), ("pad
 # rows are exact zeros instead, and nothing spreads:
 
 # %%
-h1 = masked_softmax(h @ h.T / math.sqrt(4), rows_too) @ h
-h2 = masked_softmax(h1 @ h1.T / math.sqrt(4), keys_only) @ h1
+h1 = masked_softmax_impl(h @ h.T / math.sqrt(4), rows_too) @ h
+h2 = masked_softmax_impl(h1 @ h1.T / math.sqrt(4), keys_only) @ h1
 print("masked_softmax: NaN anywhere?", bool(h1.isnan().any() or h2.isnan().any()), "| padded rows of layer 1:\n", h1[3:])
 
 # %% [markdown]
@@ -850,7 +985,7 @@ print("masked_softmax: NaN anywhere?", bool(h1.isnan().any() or h2.isnan().any()
 
 # %%
 left_padded = torch.tensor([[PAD, PAD, 1, 7, 8]])  # "<pad> <pad> <s> you are"
-print("visible keys per query, left padding:", decoder_self_mask(left_padded, PAD)[0, 0].sum(-1).tolist())
+print("visible keys per query, left padding:", combine_decoder_mask_impl(left_padded, PAD)[0, 0].sum(-1).tolist())
 
 # %% [markdown]
 # ## Summary
@@ -861,14 +996,16 @@ print("visible keys per query, left padding:", decoder_self_mask(left_padded, PA
 # * The **causal mask** is the lower triangle, diagonal included: True where $j \le i$. With it, changing a
 #   future token changed no earlier output of `DecoderLayer` (a change of exactly 0), and the full-sentence run
 #   matched the prefix runs of generation.
-# * The **padding mask** `[batch, 1, 1, seq]` hides padded *keys* for every head and every query; with it a
-#   sentence's outputs no longer depend on its padding.
+# * The **padding mask** hides padded *keys* for every query: keys on the last axis, a 1 on the query axis.
+#   `[batch, 1, seq]` for one head's scores and `[batch, 1, 1, seq]` for per-head scores are the same mask, and
+#   `MultiHeadAttention` takes both. `[batch, seq, 1]` (hides queries) and a bare `[batch, seq]` (the batch on
+#   the query axis) ran silently with `batch == seq` and were wrong.
 # * The decoder's self-attention uses **causal AND padding**, `[batch, 1, L, L]` (`decoder_self_mask`).
 # * **Cross-attention** takes queries from the decoder and keys and values from the encoder's memory; its
-#   weights are `[batch, heads, T, S]`, and its only mask is the **source padding mask**.
+#   weights are `[batch, T, S]` per head, and its only mask is the **source padding mask**.
 # * Masks act on the **scores, before the softmax**. Fill with `torch.finfo(dtype).min`, not `-inf` (NaN on
 #   empty rows), not a small constant (leaks), not `-1e9` (which is `-inf` in float16), and zero the rows
-#   with nothing to attend to. That is `masked_softmax`, which the library's attention now uses.
+#   with nothing to attend to. That is `masked_softmax`, which the library's attention uses.
 #
 # ## What's next
 #
@@ -876,6 +1013,15 @@ print("visible keys per query, left padding:", decoder_self_mask(left_padded, PA
 # work: the generator (linear + log-softmax), the cross-entropy loss that ignores padded positions, teacher
 # forcing with shifted targets, the warm-up schedule, and then generation, greedy and beam search, one token
 # at a time, with the encoder's memory computed once and a KV cache for the decoder.
+
+# %% [markdown]
+# ## Where you stand
+#
+# Which of this chapter's exercises pass, as last checked (run the test cells again after a change):
+
+# %%
+exercise_summary(check_make_causal_mask, check_make_padding_mask, check_combine_decoder_mask,
+                 check_cross_attention, check_masked_softmax)
 
 # %% [markdown]
 # ## Glossary · 术语表
@@ -889,11 +1035,12 @@ print("visible keys per query, left padding:", decoder_self_mask(left_padded, PA
 # | mask | 掩码 | boolean tensor, True = may attend, applied to the scores before the softmax |
 # | causal mask / look-ahead mask | 因果掩码 / 序列掩码（下三角） | lower triangle: position $i$ may see positions $j \le i$ only |
 # | padding | 填充 | filler tokens that make sentences of different lengths one rectangular tensor |
-# | padding mask | 填充掩码（padding mask） | hides padded keys: `[batch, 1, 1, seq]` |
+# | padding mask | 填充掩码（padding mask） | hides padded keys: `[batch, 1, seq]` (one head) or `[batch, 1, 1, seq]` (per head) |
 # | masked self-attention | 掩码自注意力 | the decoder's self-attention under causal AND padding masks |
 # | cross-attention | 交叉注意力 / 编码-解码器注意力 | queries from the decoder, keys and values from the encoder output |
 # | memory | 编码器输出（memory） | the encoder's output vectors, read by every decoder layer |
 # | broadcasting | 广播 | size-1 dimensions are repeated to match: `[B, 1, 1, S]` against `[B, h, T, S]` |
+# | additive mask | 加性掩码 | a float mask of 0 and `-inf` added to the scores; this course passes booleans instead |
 # | fully masked row | 全被屏蔽的行 | a query with no visible key; must give zero weights, not NaN |
 # | NaN | 非数（NaN） | "not a number", e.g. $-\infty - (-\infty)$; spreads through every later sum |
 # | float16 / half precision | 半精度浮点 | 16-bit floats, largest magnitude 65504: `-1e9` overflows to `-inf` |

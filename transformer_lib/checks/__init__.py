@@ -4,10 +4,15 @@ A notebook test cell calls `check_<exercise>(learner_function)`; the grader find
 same checker by name in REGISTRY and judges the learner's outputs in its own process.
 """
 
-from .core import Case, Checker, CheckFailed, Mistake, Verdict, describe_difference
-from . import ch01, ch02, ch03, ch04, ch05, ch06, ch07
+from .core import (RESULTS, Case, Checker, CheckFailed, Mistake, Property, Verdict, describe_difference,
+                   exercise_summary, yours_or_reference)
+import importlib
+import pkgutil
 
-CHAPTER_MODULES = [ch01, ch02, ch03, ch04, ch05, ch06, ch07]
+# One module per chapter, chNN.py, each with a CHECKERS list: found by name, in chapter order.
+CHAPTER_MODULES = [importlib.import_module(f".{m.name}", __name__)
+                   for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name)
+                   if m.name.startswith("ch") and m.name[2:].isdigit()]
 
 REGISTRY: dict[str, Checker] = {}
 for _module in CHAPTER_MODULES:
@@ -25,4 +30,5 @@ def get_checker(name: str) -> Checker:
     return REGISTRY[key]
 
 
-__all__ = ["Case", "Checker", "CheckFailed", "Mistake", "Verdict", "describe_difference", "REGISTRY", "get_checker"]
+__all__ = ["Case", "Checker", "CheckFailed", "Mistake", "Property", "Verdict", "describe_difference", "REGISTRY",
+           "RESULTS", "get_checker", "exercise_summary", "yours_or_reference"]

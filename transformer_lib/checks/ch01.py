@@ -1,5 +1,6 @@
 """Checkers for chapter 01, from static to contextual vectors: co-occurrence counts, PPMI,
-cosine similarity, and dot-product alignment (the first attention).
+cosine similarity, contextual vectors (attention over a sentence's static vectors) and
+dot-product alignment (the first attention between two sentences).
 
 Each checker is data: deterministic cases, the library's reference, and a catalogue of
 the wrong answers learners tend to write, so a failure can say what went wrong.
@@ -7,8 +8,33 @@ the wrong answers learners tend to write, so a failure can say what went wrong.
 
 import torch
 
-from ..static_vectors import alignment, cooccurrence_counts, cosine_similarity, ppmi
-from .core import Case, Checker, Mistake
+from ..static_vectors import alignment, contextual_vectors, cooccurrence_counts, cosine_similarity, ppmi
+from . import properties
+from .core import Case, Checker, Mistake, Property
+
+
+def _tensors(expected, actual):
+    """Both outputs as float64 tensors of the same shape, or (None, None)."""
+    if not (isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor)):
+        return None, None
+    if actual.shape != expected.shape or not actual.is_floating_point():
+        return None, None
+    return expected.double(), actual.double()
+
+
+def _not_symmetric(case, expected, actual):
+    e, a = _tensors(expected, actual)
+    return e is not None and not torch.allclose(a, a.T)
+
+
+def _negative_entries(case, expected, actual):
+    e, a = _tensors(expected, actual)
+    return e is not None and bool((a < -1e-6).any())
+
+
+def _outside_minus_one_one(case, expected, actual):
+    e, a = _tensors(expected, actual)
+    return e is not None and bool((a.abs() > 1 + 1e-4).any())
 
 # ----------------------------------------------------------------------------------
 # cooccurrence_counts(token_ids, vocab_size, window) -> [V, V]
@@ -92,6 +118,14 @@ check_cooccurrence_counts = Checker(
             "Indexed `+=` does not accumulate duplicate indices. Use counts.index_put_((a, b), ones, accumulate=True), "
             "or a plain Python loop over positions.",
             _counts_no_accumulate,
+        ),
+    ],
+    properties=[
+        Property(
+            "a matrix that is not symmetric (counts[a, b] != counts[b, a])",
+            "Every pair is seen from both sides: when b is a neighbour of a, add 1 to counts[a, b] and, "
+            "from the other position, to counts[b, a].",
+            _not_symmetric,
         ),
     ],
 )
@@ -178,6 +212,17 @@ check_ppmi = Checker(
             _ppmi_no_keepdim,
         ),
     ],
+    properties=[
+        properties.not_finite_on_large_inputs(
+            "Unseen pairs (count 0) and empty rows must give 0, not log(0) = -inf or 0/0 = NaN: replace the ratio "
+            "by 1 where counts == 0 before the log."
+        ),
+        Property(
+            "negative values (PPMI is never below 0)",
+            "Clip at zero: .clamp_min(0).",
+            _negative_entries,
+        ),
+    ],
     atol=1e-5,
 )
 
@@ -252,8 +297,145 @@ check_cosine_similarity = Checker(
             _cosine_zero_nan,
         ),
     ],
+    properties=[
+        Property(
+            "values outside [-1, 1], which no cosine can take",
+            "Divide each row of a and of b by its own length, a.norm(dim=-1, keepdim=True), before the product.",
+            _outside_minus_one_one,
+        ),
+        properties.not_finite_on_large_inputs(
+            "A zero vector has length 0: clamp the norms with .clamp_min(1e-8) before dividing."
+        ),
+    ],
     atol=1e-5,
 )
+
+# ----------------------------------------------------------------------------------
+# contextual_vectors(vectors, sharpness) -> [..., L, d]
+# ----------------------------------------------------------------------------------
+
+
+def _contextual_cases():
+    g = torch.Generator().manual_seed(105)
+    r = lambda *shape, dtype=torch.float32: torch.randn(*shape, generator=g, dtype=dtype)  # noqa: E731
+    repeated = r(1, 4).repeat(3, 1)  # one word three times: every mix of it is itself
+    return [
+        Case("a sentence of 4 words, sharpness 2", (r(4, 3), 2.0)),
+        Case("5 words, sharpness 5", (r(5, 6), 5.0)),
+        Case("batch of 2 sentences [2, 3, 4]", (r(2, 3, 4), 2.0)),
+        Case("the same word three times", (repeated, 3.0)),
+        Case("very sharp (sharpness 120: a stable softmax is needed)", (r(4, 5), 120.0)),
+        Case("one word alone", (r(1, 5), 2.0), hidden=True),
+        Case("float64, sharpness 1", (r(6, 4, dtype=torch.float64), 1.0), hidden=True),
+        Case("batched float64 [3, 2, 5, 3]", (r(3, 2, 5, 3, dtype=torch.float64), 4.0), hidden=True),
+        Case("long vectors of different lengths", (r(7, 8) * torch.rand(7, 1, generator=g) * 20, 2.5), hidden=True),
+        Case("very sharp float64", (r(3, 4, dtype=torch.float64), 800.0), hidden=True),
+    ]
+
+
+def _ctx_unit(vectors):
+    return vectors / vectors.norm(dim=-1, keepdim=True).clamp_min(1e-8)
+
+
+def _ctx_softmax_wrong_dim(vectors, sharpness=5.0):
+    unit = _ctx_unit(vectors)
+    weights = torch.softmax(sharpness * unit @ unit.transpose(-2, -1), dim=-2)  # columns sum to 1, not rows
+    return weights @ vectors
+
+
+def _ctx_dot_not_cosine(vectors, sharpness=5.0):
+    weights = torch.softmax(sharpness * vectors @ vectors.transpose(-2, -1), dim=-1)
+    return weights @ vectors
+
+
+def _ctx_mixes_unit_vectors(vectors, sharpness=5.0):
+    unit = _ctx_unit(vectors)
+    weights = torch.softmax(sharpness * unit @ unit.transpose(-2, -1), dim=-1)
+    return weights @ unit
+
+
+def _ctx_no_sharpness(vectors, sharpness=5.0):
+    unit = _ctx_unit(vectors)
+    weights = torch.softmax(unit @ unit.transpose(-2, -1), dim=-1)
+    return weights @ vectors
+
+
+def _ctx_scores_as_weights(vectors, sharpness=5.0):
+    unit = _ctx_unit(vectors)
+    return (sharpness * unit @ unit.transpose(-2, -1)) @ vectors
+
+
+def _ctx_unstable_softmax(vectors, sharpness=5.0):
+    unit = _ctx_unit(vectors)
+    exp = (sharpness * unit @ unit.transpose(-2, -1)).exp()  # overflows once a score passes ~88 in float32
+    return (exp / exp.sum(dim=-1, keepdim=True)) @ vectors
+
+
+def _weights_do_not_sum_to_one(case, expected, actual):
+    """On a sentence of one repeated word every weighted *average* returns the word itself;
+    a mix whose weights do not sum to 1 scales it instead."""
+    e, a = _tensors(expected, actual)
+    vectors = case.args[0]
+    if e is None or vectors.shape[-2] < 2:
+        return False
+    if not torch.allclose(vectors, vectors[..., :1, :].expand_as(vectors)):
+        return False
+    return not torch.allclose(a, e, rtol=1e-4, atol=1e-5)
+
+
+check_contextual_vectors = Checker(
+    name="contextual_vectors",
+    reference=contextual_vectors,
+    make_cases=_contextual_cases,
+    mistakes=[
+        Mistake(
+            "takes the softmax over dim=-2, so each column of the weights sums to 1 instead of each word's row",
+            "Each word i spreads its attention over the sentence: softmax(scores, dim=-1), then weights @ vectors.",
+            _ctx_softmax_wrong_dim,
+        ),
+        Mistake(
+            "scores with plain dot products x_i . x_j instead of cosines (long vectors then dominate)",
+            "Normalise the rows first (vectors / vectors.norm(dim=-1, keepdim=True), or use cosine_similarity_impl), "
+            "then multiply the cosines by sharpness.",
+            _ctx_dot_not_cosine,
+        ),
+        Mistake(
+            "mixes the normalised (unit-length) vectors instead of the static vectors themselves",
+            "The cosines only choose the weights; the average is of the original vectors: weights @ vectors.",
+            _ctx_mixes_unit_vectors,
+        ),
+        Mistake(
+            "ignores sharpness (the scores are the bare cosines)",
+            "Multiply the cosines by sharpness before the softmax: larger sharpness, weights closer to the most "
+            "similar words.",
+            _ctx_no_sharpness,
+        ),
+        Mistake(
+            "mixes with the scores themselves, without a softmax, so the weights are not positive and do not sum to 1",
+            "Turn the scores into weights with torch.softmax(scores, dim=-1) before the weighted sum.",
+            _ctx_scores_as_weights,
+        ),
+        Mistake(
+            "computes softmax as exp(s) / sum(exp(s)) without subtracting the maximum: with a large sharpness exp "
+            "overflows to inf and the result is NaN",
+            "Subtract each row's maximum score before exp (it cancels in the ratio), or use torch.softmax.",
+            _ctx_unstable_softmax,
+        ),
+    ],
+    properties=[
+        Property(
+            "a weighted sum whose weights do not sum to 1 (a sentence of one repeated word does not come back "
+            "unchanged)",
+            "Make the weights a softmax over the sentence, dim=-1: positive, and each row sums to 1.",
+            _weights_do_not_sum_to_one,
+        ),
+        properties.not_finite_on_large_inputs(
+            "A large sharpness makes exp overflow: subtract each row's maximum score before exp, or use torch.softmax."
+        ),
+    ],
+    atol=1e-5,
+)
+
 
 # ----------------------------------------------------------------------------------
 # alignment(decoder_states, encoder_states) -> (context [..., T, d], weights [..., T, S])
@@ -328,7 +510,18 @@ check_alignment = Checker(
             _align_unstable_softmax,
         ),
     ],
+    properties=[
+        properties.rows_do_not_sum_to_one(
+            dim=-1, what="the source positions",
+            fix="Take the softmax over the source positions, dim=-1: each decoder state's weights sum to 1.",
+            select=lambda out: out[1] if isinstance(out, (tuple, list)) and len(out) == 2 else None,
+        ),
+        properties.not_finite_on_large_inputs(
+            "Subtract each row's maximum score before exp, or use torch.softmax.",
+            select=lambda out: out[1] if isinstance(out, (tuple, list)) and len(out) == 2 else None,
+        ),
+    ],
     atol=1e-5,
 )
 
-CHECKERS = [check_cooccurrence_counts, check_ppmi, check_cosine_similarity, check_alignment]
+CHECKERS = [check_cooccurrence_counts, check_ppmi, check_cosine_similarity, check_contextual_vectors, check_alignment]

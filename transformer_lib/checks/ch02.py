@@ -4,8 +4,11 @@ scaled dot-product attention with a mask, and self-attention in matrix form.
 Each checker compares a learner's function with the library (transformer_lib.attention)
 on deterministic cases, and knows the wrong answers learners often write, so that a
 failure can say what went wrong ("no sqrt(d_k) scale") instead of only "values differ".
+Properties name the traits of a wrong output (rows that do not sum to one, NaN only on
+large scores, a transposed result), so two mistakes made at once are still named.
 """
 
+import dataclasses
 import math
 
 import torch
@@ -18,14 +21,106 @@ from transformer_lib.attention import (
     softmax,
 )
 
-from .core import Case, Checker, Mistake, randn, random_mask, seeded
+from .core import Case, Checker, Mistake, Property, randn, random_mask, seeded
+from .properties import rows_do_not_sum_to_one, shape_permuted, transposed
 
-
-# The document's toy example (three tokens, four features; source 003 §2).
+# The toy example of Raimi Karim, "Illustrated: Self-Attention" (Towards Data Science, 2019):
+# three tokens with four features, projected to d_k = d_v = 3.
 TOY_X = torch.tensor([[1.0, 0.0, 1.0, 0.0], [0.0, 2.0, 0.0, 2.0], [1.0, 1.0, 1.0, 1.0]])
 TOY_W_Q = torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 1.0]])
 TOY_W_K = torch.tensor([[0.0, 0.0, 1.0], [1.0, 1.0, 0.0], [0.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
 TOY_W_V = torch.tensor([[0.0, 2.0, 0.0], [0.0, 3.0, 0.0], [1.0, 0.0, 3.0], [1.0, 1.0, 0.0]])
+
+
+# ---------------------------------------------------------------------------------------
+# Properties shared by this chapter's exercises
+# ---------------------------------------------------------------------------------------
+
+# A row with a score this far from 0 is where exp() of an unshifted score overflows to inf
+# (float32 stops at e^88.7) or underflows to 0 everywhere (0/0 = NaN).
+LARGE_SCORE = 50.0
+
+
+def _weights(output):
+    """(output, weights) -> weights."""
+    return output[1]
+
+
+def _nonfinite_only_on_large_rows(large_rows, select=lambda output: output):
+    """seen(): NaN or inf where the reference is finite, and only in rows whose scores are
+    large. `large_rows(case)` is a bool tensor broadcastable to the rows of the output."""
+
+    def seen(case, expected, actual):
+        e, a = select(expected), select(actual)
+        if not (isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor)) or a.shape != e.shape:
+            return False
+        if not a.is_floating_point():
+            return False
+        bad_rows = (~a.isfinite() & e.isfinite()).any(dim=-1)  # [...rows]
+        large = torch.broadcast_to(large_rows(case), bad_rows.shape)
+        return bool(bad_rows.any()) and not bool((bad_rows & ~large).any())
+
+    return seen
+
+
+def _factor(actual, target) -> float | None:
+    """The c with actual == c * target, or None when no single non-zero factor fits."""
+    if not (isinstance(actual, torch.Tensor) and isinstance(target, torch.Tensor)) or actual.shape != target.shape:
+        return None
+    if not (actual.is_floating_point() and target.is_floating_point()):
+        return None
+    a, t = actual.double(), target.double()
+    if not (a.isfinite().all() and t.isfinite().all()):
+        return None
+    norm = (t * t).sum()
+    if norm == 0:
+        return None
+    c = ((a * t).sum() / norm).item()  # least squares
+    if abs(c) < 1e-6:
+        return None
+    tolerance = 1e-5 * (1.0 + abs(c) * t.abs().max().item())
+    return c if torch.allclose(a, c * t, rtol=1e-4, atol=tolerance) else None
+
+
+def _transposed_scores(unit_factor: bool):
+    """seen(): the reference's scores transposed, times 1 (unit_factor) or times another number."""
+
+    def seen(case, expected, actual):
+        if not isinstance(expected, torch.Tensor) or expected.dim() < 2:
+            return False
+        swapped = expected.transpose(-2, -1)  # [..., L_k, L_q]
+        if swapped.shape == expected.shape and torch.allclose(swapped, expected):
+            return False  # a symmetric case cannot show a transpose
+        c = _factor(actual, swapped)
+        return c is not None and (abs(c - 1.0) < 1e-3) == unit_factor
+
+    return seen
+
+
+def _scores_times_a_constant(case, expected, actual):
+    c = _factor(actual, expected)
+    return c is not None and abs(c - 1.0) > 1e-3
+
+
+_SCORES_PERMUTED = shape_permuted(
+    "Queries on the rows, keys on the columns: q @ k.transpose(-2, -1) has shape [..., L_q, L_k]; "
+    "transpose only the last two dimensions of k, never the batch dimensions.")
+
+
+def _permuted_not_transposed(case, expected, actual):
+    if not _SCORES_PERMUTED.seen(case, expected, actual):
+        return False
+    return not (isinstance(expected, torch.Tensor) and expected.dim() >= 2
+                and _factor(actual, expected.transpose(-2, -1)) is not None)
+
+
+def _large_softmax_rows(case):
+    return case.args[0].abs().amax(dim=-1) > LARGE_SCORE  # [...rows]
+
+
+def _large_attention_rows(case):
+    q, k = case.args[0].double(), case.args[1].double()
+    return (q @ k.transpose(-2, -1)).abs().amax(dim=-1) > LARGE_SCORE  # [..., L_q], unscaled q.k
 
 
 # ---------------------------------------------------------------------------------------
@@ -35,7 +130,7 @@ TOY_W_V = torch.tensor([[0.0, 2.0, 0.0], [0.0, 3.0, 0.0], [1.0, 0.0, 3.0], [1.0,
 
 def _projection_cases() -> list[Case]:
     g = seeded(201)
-    cases = [Case("document toy example", (TOY_X, TOY_W_Q, TOY_W_K, TOY_W_V))]
+    cases = [Case("toy example of section 6", (TOY_X, TOY_W_Q, TOY_W_K, TOY_W_V))]
     cases.append(Case("one sentence, d_v != d_k", (randn(g, 5, 8), randn(g, 8, 4), randn(g, 8, 4), randn(g, 8, 6))))
     cases.append(Case("batch of 2", (randn(g, 2, 5, 8), randn(g, 8, 3), randn(g, 8, 3), randn(g, 8, 5))))
     cases.append(Case("float64, two batch dims", (
@@ -89,11 +184,12 @@ check_project_qkv = Checker(
 
 def _score_cases() -> list[Case]:
     g = seeded(202)
-    # The document's example: d_k = 64, q.k1 = 112, q.k2 = 96 (source 000 §5).
+    # Thinking/Machines from Jay Alammar, "The Illustrated Transformer" (2018): d_k = 64,
+    # q.k1 = 112, q.k2 = 96, scaled to 14 and 12.
     doc_q = torch.full((1, 64), 2.0)
     doc_k = torch.stack([torch.full((64,), 112 / 128), torch.full((64,), 96 / 128)])
     return [
-        Case("document example, d_k = 64", (doc_q, doc_k)),
+        Case("Thinking Machines, d_k = 64", (doc_q, doc_k)),
         Case("3 queries, 5 keys, d_k = 4", (randn(g, 3, 4), randn(g, 5, 4))),
         Case("batch of 2", (randn(g, 2, 3, 8), randn(g, 2, 6, 8))),
         Case("float64, two batch dims", (randn(g, 2, 2, 3, 16, dtype=torch.float64),
@@ -154,6 +250,25 @@ check_attention_scores = Checker(
             _scores_transposed,
         ),
     ],
+    properties=[
+        Property(
+            "the scores transposed (keys on the rows, queries on the columns)",
+            "Queries go on the rows and keys on the columns: q @ k.transpose(-2, -1), shape [..., L_q, L_k].",
+            _transposed_scores(unit_factor=True),
+        ),
+        Property(
+            "the scores transposed (keys on the rows) and multiplied by a wrong constant",
+            "Queries go on the rows: q @ k.transpose(-2, -1), not k @ q^T; then divide by math.sqrt(q.shape[-1]).",
+            _transposed_scores(unit_factor=False),
+        ),
+        Property(
+            "the right dot products multiplied by a wrong constant",
+            "The only factor is 1 / math.sqrt(d_k), with d_k = q.shape[-1] "
+            "(not the sequence length, not a fixed number).",
+            _scores_times_a_constant,
+        ),
+        dataclasses.replace(_SCORES_PERMUTED, seen=_permuted_not_transposed),
+    ],
 )
 
 
@@ -165,7 +280,7 @@ check_attention_scores = Checker(
 def _softmax_cases() -> list[Case]:
     g = seeded(203)
     return [
-        Case("document example [3.2, 5.1, -1.7]", (torch.tensor([3.2, 5.1, -1.7]),)),
+        Case("cat, car, frog scores [3.2, 5.1, -1.7]", (torch.tensor([3.2, 5.1, -1.7]),)),
         Case("4 rows of 6 scores", (randn(g, 4, 6, scale=3.0),)),
         Case("large scores next to small ones", (torch.tensor([[1000.0, 1001.0, 1002.0], [0.0, 1.0, 2.0]]),)),
         Case("batch of 2", (randn(g, 2, 3, 5, scale=2.0),)),
@@ -241,6 +356,19 @@ check_softmax = Checker(
             _softmax_global_max,
         ),
     ],
+    properties=[
+        rows_do_not_sum_to_one(
+            dim=-1, what="the last dimension",
+            fix="Normalise each row on its own: the max and the sum are both over dim=-1 (keepdim=True), not dim=0.",
+        ),
+        Property(
+            "NaN or inf only on rows with large scores, where the reference stays finite "
+            "(exp overflowed to inf, or underflowed to 0/0)",
+            "Subtract each row's maximum before exp: x - x.amax(dim=-1, keepdim=True). It cancels in the ratio "
+            "and keeps every exp() at most 1.",
+            _nonfinite_only_on_large_rows(_large_softmax_rows),
+        ),
+    ],
 )
 
 
@@ -264,6 +392,10 @@ def _attention_cases() -> list[Case]:
         Case("mask broadcast over queries [1, 5]", (randn(g, 2, 4, 16, scale=3.0), randn(g, 2, 5, 16, scale=3.0),
                                                     randn(g, 2, 5, 4)),
              {"mask": torch.tensor([[True, False, True, True, False]])}, hidden=True),
+        # Drawn last, so the cases above keep their numbers.
+        Case("no mask, 4 queries, 4 keys", (randn(g, 4, 4), randn(g, 4, 4), randn(g, 4, 3))),
+        Case("large scores (|q.k| in the hundreds)", (randn(g, 3, 8, scale=10.0), randn(g, 4, 8, scale=10.0),
+                                                       randn(g, 4, 3))),
     ]
 
 
@@ -357,6 +489,24 @@ check_scaled_attention = Checker(
             _attn_keys_as_values,
         ),
     ],
+    properties=[
+        rows_do_not_sum_to_one(
+            dim=-1, what="the keys", select=_weights,
+            fix="Each query spreads its attention over the keys: mask the scores, then softmax over dim=-1, "
+                "and change nothing in the weights afterwards.",
+        ),
+        dataclasses.replace(
+            transposed("The weights are [..., L_q, L_k]: one row per query, one column per key. Build the scores "
+                       "as q @ k.transpose(-2, -1) and take the softmax over dim=-1.", select=_weights),
+            name="weights transposed (keys on the rows, queries on the columns)",
+        ),
+        Property(
+            "NaN or inf in the weights, only on rows with large scores (exp overflowed)",
+            "Use a stable softmax on the scores: torch.softmax(scores, dim=-1), or subtract each row's maximum "
+            "before exp.",
+            _nonfinite_only_on_large_rows(_large_attention_rows, select=_weights),
+        ),
+    ],
 )
 
 
@@ -368,7 +518,7 @@ check_scaled_attention = Checker(
 def _self_attention_cases() -> list[Case]:
     g = seeded(205)
     return [
-        Case("document toy example", (TOY_X, TOY_W_Q, TOY_W_K, TOY_W_V)),
+        Case("toy example of section 6", (TOY_X, TOY_W_Q, TOY_W_K, TOY_W_V)),
         Case("one sentence of 5 tokens", (randn(g, 5, 8), randn(g, 8, 4), randn(g, 8, 4), randn(g, 8, 6))),
         Case("batch of 2", (randn(g, 2, 4, 6), randn(g, 6, 3), randn(g, 6, 3), randn(g, 6, 5))),
         Case("float64, two batch dims", (
@@ -434,6 +584,12 @@ check_self_attention = Checker(
             "values not projected (the embeddings x mixed directly)",
             "Mix the projected values V = X @ W^V, not x.",
             _sa_values_not_projected,
+        ),
+    ],
+    properties=[
+        rows_do_not_sum_to_one(
+            dim=-1, what="the keys", select=_weights,
+            fix="Each token spreads its attention over the keys: softmax over dim=-1.",
         ),
     ],
 )

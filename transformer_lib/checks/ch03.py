@@ -1,10 +1,13 @@
 """Checkers for chapter 03, multi-head attention: cutting d_model into heads and gluing
 them back, the whole multi-head computation with plain matrices, its parameter count,
-and the nn.Module that packages it.
+the nn.Module that packages it, and the entropy that measures how sharply a head attends.
 
 Each checker compares a learner's answer with the library (transformer_lib.attention) on
 deterministic cases, and knows the wrong answers learners often write ("heads split
-without a transpose", "no W^O"), so that a failure can say what went wrong.
+without a transpose", "no W^O"), so that a failure can say what went wrong. Properties
+(traits of a wrong output, see core.Property) name the errors of a learner who combines
+two mistakes: for split_heads they trace every number of the output back to the position
+and feature of x it came from.
 """
 
 import math
@@ -15,12 +18,15 @@ import torch.nn.functional as F
 
 from transformer_lib.attention import (
     MultiHeadAttention,
+    attention_entropy,
     merge_heads,
     multi_head_attention_forward,
+    scaled_dot_product_attention,
     split_heads,
 )
 
-from .core import Case, Checker, Mistake, randn, random_mask, seeded
+from .core import Case, Checker, Mistake, Property, randn, random_mask, seeded
+from .properties import rows_do_not_sum_to_one, shape_permuted
 
 
 def _padding(lengths, max_len) -> torch.Tensor:
@@ -51,6 +57,11 @@ def _split_no_transpose(x, n_heads):
     return x.reshape(b, n_heads, s, d // n_heads)
 
 
+def _split_transpose_forgotten(x, n_heads):
+    b, s, d = x.shape
+    return x.reshape(b, s, n_heads, d // n_heads)
+
+
 def _split_last_two_swapped(x, n_heads):
     b, s, d = x.shape
     return x.reshape(b, s, n_heads, d // n_heads).transpose(-2, -1)
@@ -59,6 +70,88 @@ def _split_last_two_swapped(x, n_heads):
 def _split_interleaved(x, n_heads):
     b, s, d = x.shape
     return x.reshape(b, s, d // n_heads, n_heads).permute(0, 3, 1, 2)
+
+
+# -- properties: where did each number of the output come from? ---------------------------
+
+
+def _provenance(case: Case, actual):
+    """For an output that holds exactly the numbers of x, rearranged: the position t and
+    the feature f of x that each of its entries came from (two tensors shaped like the
+    output). None when the output changed, dropped or repeated numbers."""
+    x = case.args[0]
+    if not isinstance(actual, torch.Tensor) or actual.dtype != x.dtype or actual.numel() != x.numel():
+        return None
+    flat = x.flatten()
+    sorted_x, order = flat.sort()
+    if sorted_x.unique().numel() != flat.numel():  # repeated numbers: the origin is ambiguous
+        return None
+    if not torch.equal(sorted_x, actual.flatten().sort().values):
+        return None
+    source = order[torch.searchsorted(sorted_x, actual.flatten())]  # index into x.flatten()
+    _, seq, d_model = x.shape
+    return (source // d_model % seq).reshape(actual.shape), (source % d_model).reshape(actual.shape)
+
+
+def _some_dim_indexes(actual, size: int, label: torch.Tensor) -> bool:
+    """True when one dimension of `actual` (past the batch) has `size` entries and the index
+    along it equals `label` everywhere: that dimension *is* what `label` names."""
+    for dim in range(1, actual.dim()):
+        if actual.shape[dim] != size:
+            continue
+        index = torch.arange(size).view([-1 if i == dim else 1 for i in range(actual.dim())])
+        if torch.equal(index.expand(actual.shape), label):
+            return True
+    return False
+
+
+def _heads_mixed(case, expected, actual) -> bool:
+    found = _provenance(case, actual)
+    if found is None:
+        return False
+    _, feature = found
+    n_heads = case.args[1]
+    d_k = case.args[0].shape[-1] // n_heads
+    return not _some_dim_indexes(actual, n_heads, feature // d_k)
+
+
+def _positions_scrambled(case, expected, actual) -> bool:
+    found = _provenance(case, actual)
+    if found is None:
+        return False
+    position, _ = found
+    return not _some_dim_indexes(actual, case.args[0].shape[1], position)
+
+
+def _memory_order_kept(case, expected, actual) -> bool:
+    """The output reads x's numbers in their original order: a view or reshape, no transpose."""
+    x = case.args[0]
+    return (isinstance(actual, torch.Tensor) and actual.numel() == x.numel() and actual.dtype == x.dtype
+            and torch.equal(actual.flatten(), x.flatten()) and not torch.equal(expected.flatten(), x.flatten()))
+
+
+SPLIT_SHAPE_PERMUTED = shape_permuted(
+    "The result must be [batch, n_heads, seq, d_k]: heads in dim 1, positions in dim 2. After cutting the "
+    "features with view(batch, seq, n_heads, d_k), swap dims 1 and 2."
+)
+SPLIT_MEMORY_ORDER = Property(
+    "the numbers of x in their original memory order (a view or reshape with no transpose)",
+    "A view or reshape never moves a number, so alone it cannot put the heads in front of the positions: "
+    "add .transpose(1, 2) after view(batch, seq, n_heads, d_k).",
+    _memory_order_kept,
+)
+SPLIT_HEADS_MIXED = Property(
+    "heads that do not each hold one block of d_k consecutive features (features of several heads mixed)",
+    "Cut the features as (n_heads, d_k), in that order: head i owns features i*d_k ... (i+1)*d_k - 1.",
+    _heads_mixed,
+)
+SPLIT_POSITIONS_SCRAMBLED = Property(
+    "tokens scrambled: no dimension runs over the positions t0, t1, ... one per index (a head's rows hold "
+    "pieces of several tokens)",
+    "Never view straight to [batch, n_heads, seq, d_k]: cut the feature axis only, "
+    "view(batch, seq, n_heads, d_k), then transpose.",
+    _positions_scrambled,
+)
 
 
 check_split_heads = Checker(
@@ -74,6 +167,12 @@ check_split_heads = Checker(
             _split_no_transpose,
         ),
         Mistake(
+            "the transpose forgotten: x.view(batch, seq, n_heads, d_k) returned as it is, "
+            "[batch, seq, heads, d_k]",
+            "Attention runs over the last two dims, so the heads must come before the positions: add .transpose(1, 2).",
+            _split_transpose_forgotten,
+        ),
+        Mistake(
             "transposed the last two dimensions (-2, -1) instead of heads and positions: the result is "
             "[batch, seq, d_k, heads]",
             "After x.view(batch, seq, n_heads, d_k), the heads are dim 2 and the positions dim 1: .transpose(1, 2).",
@@ -87,6 +186,7 @@ check_split_heads = Checker(
             _split_interleaved,
         ),
     ],
+    properties=[SPLIT_SHAPE_PERMUTED, SPLIT_MEMORY_ORDER, SPLIT_HEADS_MIXED, SPLIT_POSITIONS_SCRAMBLED],
 )
 
 
@@ -151,6 +251,18 @@ check_merge_heads = Checker(
             "heads summed (sum over dim 1) instead of concatenated",
             "Keep every head: concatenate them along the features, x.transpose(1, 2).reshape(batch, seq, heads * d_k).",
             _merge_sum,
+        ),
+    ],
+    properties=[
+        shape_permuted(
+            "The result must be [batch, seq, heads * d_k]: transpose heads and positions back first, "
+            "x.transpose(1, 2), then reshape."
+        ),
+        Property(
+            "the heads' numbers in their original memory order (a reshape with no transpose)",
+            "A reshape alone never moves a number: bring the positions forward with x.transpose(1, 2) "
+            "before the reshape.",
+            _memory_order_kept,
         ),
     ],
 )
@@ -269,6 +381,17 @@ check_multi_head_attention_forward = Checker(
             "n_heads ignored: one full-width head instead of n_heads heads of size d_k",
             "Cut the projected queries, keys and values into n_heads heads with split_heads before the scores.",
             _mha_one_full_head,
+        ),
+    ],
+    properties=[
+        rows_do_not_sum_to_one(
+            what="the keys", select=lambda out: out[1],
+            fix="Each head's weights are a softmax over the keys (dim=-1), taken after the mask is applied.",
+        ),
+        shape_permuted(
+            "The weights must be [batch, n_heads, L_q, L_k] and the output [batch, L_q, d_model]: "
+            "split with view(batch, seq, n_heads, d_k).transpose(1, 2).",
+            select=lambda out: out[1],
         ),
     ],
 )
@@ -518,10 +641,141 @@ check_multi_head_attention_layer = Checker(
 )
 
 
+# ---------------------------------------------------------------------------------------
+# Exercise 6: attention_entropy(weights) -> [..., L_q]
+# ---------------------------------------------------------------------------------------
+
+
+def _softmax_weights(g, batch, heads, l_q, l_k, mask=None, dtype=torch.float32, sharpness=1.0):
+    """Attention weights [batch, heads, L_q, L_k] as a layer makes them (rows sum to one;
+    masked keys get exactly 0)."""
+    q = randn(g, batch, heads, l_q, 4, dtype=dtype, scale=sharpness)
+    k = randn(g, batch, heads, l_k, 4, dtype=dtype)
+    return scaled_dot_product_attention(q, k, k, mask=mask)[1]
+
+
+def _entropy_cases() -> list[Case]:
+    g = seeded(306)
+    hand_made = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25], [0.5, 0.5, 0.0, 0.0]])
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    padding = _padding([6, 4], 6)[:, None]  # [batch, 1, 1, L_k]
+    no_key = torch.ones(2, 1, 3, 4, dtype=torch.bool)
+    no_key[1, :, 2] = False  # the last query of sentence 1 may see no key: its row is all zeros
+    return [
+        Case("softmax weights, batch 2, 3 heads, 4 queries, 5 keys", (_softmax_weights(g, 2, 3, 4, 5),)),
+        Case("causal mask: hidden keys have weight exactly 0, [1, 2, 5, 5]",
+             (_softmax_weights(g, 1, 2, 5, 5, mask=causal),)),
+        Case("the worked example: one-hot, uniform over 4, half-half, [3, 4]", (hand_made,)),
+        Case("float64, padding mask, [2, 4, 3, 6]",
+             (_softmax_weights(g, 2, 4, 3, 6, mask=padding, dtype=torch.float64),), hidden=True),
+        Case("a query that may see no key (all-zero row)", (_softmax_weights(g, 2, 1, 3, 4, mask=no_key),),
+             hidden=True),
+        Case("sharp heads: nearly one-hot rows", (_softmax_weights(g, 2, 2, 3, 7, sharpness=20.0),), hidden=True),
+        Case("a single key", (_softmax_weights(g, 2, 2, 3, 1),), hidden=True),
+        Case("more leading dims, [2, 2, 2, 3, 4]", (_softmax_weights(g, 4, 2, 3, 4).reshape(2, 2, 2, 3, 4),),
+             hidden=True),
+    ]
+
+
+def _entropy_nan_at_zero(weights):
+    return -(weights * weights.log()).sum(dim=-1)
+
+
+def _entropy_bits(weights):
+    return -torch.xlogy(weights, weights).sum(dim=-1) / math.log(2)
+
+
+def _entropy_no_minus(weights):
+    return torch.xlogy(weights, weights).sum(dim=-1)
+
+
+def _entropy_over_queries(weights):
+    return -torch.xlogy(weights, weights).sum(dim=-2)
+
+
+def _entropy_mean_over_keys(weights):
+    return -torch.xlogy(weights, weights).mean(dim=-1)
+
+
+def _nan_where_reference_finite(case, expected, actual) -> bool:
+    return (isinstance(actual, torch.Tensor) and actual.is_floating_point() and actual.shape == expected.shape
+            and bool((actual.isnan() & expected.isfinite()).any()))
+
+
+def _negative_entropy(case, expected, actual) -> bool:
+    if not (isinstance(actual, torch.Tensor) and actual.is_floating_point() and actual.shape == expected.shape):
+        return False
+    return bool((actual.nan_to_num(0.0) < -1e-6).any())
+
+
+def _in_bits(case, expected, actual) -> bool:
+    """The reference's numbers divided by log 2, wherever both are finite and not tiny."""
+    if not (isinstance(actual, torch.Tensor) and actual.is_floating_point() and actual.shape == expected.shape):
+        return False
+    e, a = expected.double(), actual.double().abs()  # abs: the sign is another property's business
+    ok = e.isfinite() & a.isfinite() & (e > 1e-3)
+    return bool(ok.any()) and torch.allclose(a[ok], e[ok] / math.log(2), rtol=1e-4, atol=1e-6)
+
+
+check_attention_entropy = Checker(
+    name="attention_entropy",
+    reference=attention_entropy,
+    make_cases=_entropy_cases,
+    rtol=1e-4,
+    atol=1e-5,
+    mistakes=[
+        Mistake(
+            "0 * log(0) computed as NaN: keys with weight exactly 0 (masked keys) turn the whole sum into NaN",
+            "A key with weight 0 adds nothing (p log p tends to 0 as p tends to 0): use torch.xlogy(p, p), "
+            "torch.special.entr(p), or torch.where(p > 0, ..., 0).",
+            _entropy_nan_at_zero,
+        ),
+        Mistake(
+            "the entropy in bits (log base 2) instead of nats",
+            "Use the natural log (torch.log, torch.xlogy): one key gives 0, two equal keys give log 2 = 0.693.",
+            _entropy_bits,
+        ),
+        Mistake(
+            "the minus sign missing: every entropy comes out negative",
+            "H = -sum p log p: log p <= 0 for a weight p <= 1, so the minus sign makes H >= 0.",
+            _entropy_no_minus,
+        ),
+        Mistake(
+            "summed over the queries (dim=-2) instead of over the keys",
+            "Each query has its own distribution over the keys: sum over dim=-1, which gives [..., L_q].",
+            _entropy_over_queries,
+        ),
+        Mistake(
+            "averaged over the keys (mean) instead of summed",
+            "The entropy is a sum over the keys, not a mean: .sum(dim=-1).",
+            _entropy_mean_over_keys,
+        ),
+    ],
+    properties=[
+        Property(
+            "NaN where a query has keys of weight 0 (0 * log 0)",
+            "Give a weight of 0 the contribution 0: torch.xlogy(p, p) or torch.special.entr(p) do it for you.",
+            _nan_where_reference_finite,
+        ),
+        Property(
+            "negative entropies (the minus sign is missing)",
+            "H = -sum p log p is never negative.",
+            _negative_entropy,
+        ),
+        Property(
+            "numbers 1/log(2) = 1.44 times the reference's (bits instead of nats)",
+            "Use the natural log.",
+            _in_bits,
+        ),
+    ],
+)
+
+
 CHECKERS = [
     check_split_heads,
     check_merge_heads,
     check_multi_head_attention_forward,
     check_count_mha_parameters,
     check_multi_head_attention_layer,
+    check_attention_entropy,
 ]

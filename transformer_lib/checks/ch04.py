@@ -1,19 +1,29 @@
 """Checkers for chapter 04, positional encoding: the sinusoidal table, adding it to the
-embeddings, the rotation that shifts every position by k, and the clipped relative-offset
-index that a relative position bias looks up.
+embeddings, the rotation that shifts every position by k, the clipped relative-offset
+index, and the relative position bias each head looks up with it.
 
 Each checker compares a learner's function with the library (transformer_lib.positional)
 on deterministic cases and knows the wrong answers learners often write ("sin and cos
-swapped", "i - j instead of j - i"), so a failure can name what went wrong.
+swapped", "i - j instead of j - i"), so a failure can name what went wrong. Properties
+name an error from a trait of the output ("position 0 starts with 1 in the even dims",
+"a [d_model, max_len] table"), so two mistakes made at once are still diagnosed.
 """
 
 import math
 
 import torch
 
-from transformer_lib.positional import add_positions, offset_rotation, relative_offsets, sinusoidal_encoding
+from transformer_lib.positional import (add_positions, offset_rotation, relative_offsets, relative_position_bias,
+                                        sinusoidal_encoding)
 
-from .core import Case, Checker, Mistake, randn, seeded
+from .core import Case, Checker, Mistake, Property, randn, seeded
+
+
+def _tensors(expected, actual):
+    """Both outputs as float64 tensors, or (None, None) when either is not a tensor."""
+    if not (isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor)):
+        return None, None
+    return expected.double(), actual.double()
 
 
 # ---------------------------------------------------------------------------------------
@@ -81,6 +91,79 @@ def _table_own_frequency_per_dim(max_len, d_model):
     return pe.float()
 
 
+def _table_readings(expected, actual) -> list[torch.Tensor]:
+    """The learner's table read with positions down the rows. A [d_model, max_len] answer is turned
+    back; a square one could be either way round, so both readings are returned."""
+    e, a = _tensors(expected, actual)
+    if e is None or a.dim() != 2:
+        return []
+    if a.shape == e.shape and e.shape[0] == e.shape[1]:
+        return [a, a.T]
+    if a.shape == e.shape:
+        return [a]
+    return [a.T] if a.shape == e.T.shape else []
+
+
+def _table_is_transposed(case, expected, actual):
+    e, a = _tensors(expected, actual)
+    if e is None or e.shape[0] == e.shape[1]:
+        return e is not None and a.shape == e.shape and not torch.allclose(e, e.T) and torch.allclose(a, e.T, atol=1e-4)
+    return a.shape == e.T.shape
+
+
+def _starts_one_zero(table: torch.Tensor) -> bool:
+    first = table[0]  # position 0: sin 0 = 0 in the even dims, cos 0 = 1 in the odd ones
+    return bool(torch.allclose(first[0::2], torch.ones_like(first[0::2]), atol=1e-4)
+                and torch.allclose(first[1::2], torch.zeros_like(first[1::2]), atol=1e-4))
+
+
+def _even_dims_start_at_one(case, expected, actual):
+    return any(_starts_one_zero(t) for t in _table_readings(expected, actual))
+
+
+def _off_the_circle(table: torch.Tensor) -> bool:
+    if table.shape[-1] % 2:
+        return True
+    radius = table[:, 0::2] ** 2 + table[:, 1::2] ** 2  # [max_len, d/2]: sin^2 + cos^2 of one angle is 1
+    return bool(((radius - 1).abs() > 1e-3).any())
+
+
+def _pairs_off_the_circle(case, expected, actual):
+    readings = _table_readings(expected, actual)
+    return bool(readings) and all(_off_the_circle(t) for t in readings)
+
+
+def _outside_unit_range(case, expected, actual):
+    e, a = _tensors(expected, actual)
+    return e is not None and bool((a.abs() > 1 + 1e-4).any())
+
+
+TABLE_PROPERTIES = [
+    Property(
+        "a table of shape [d_model, max_len], the transpose of [max_len, d_model]",
+        "Rows are positions: build the angles as positions [max_len, 1] times frequencies [1, d_model/2].",
+        _table_is_transposed,
+    ),
+    Property(
+        "a row for position 0 that starts [1, 0, 1, 0, ...]: the even dims start at 1 (cos 0) instead of 0 (sin 0), "
+        "so sin and cos are swapped",
+        "Even dims 0, 2, 4, ... get the sine, odd dims the cosine: pe[:, 0::2] = sin, pe[:, 1::2] = cos.",
+        _even_dims_start_at_one,
+    ),
+    Property(
+        "pairs of dims (2i, 2i+1) whose squares do not add up to 1: the two dims of a pair are not the sine and "
+        "cosine of one angle",
+        "Dims 2i and 2i+1 hold sin and cos of the same angle pos * omega_i (interleaved, one frequency per pair).",
+        _pairs_off_the_circle,
+    ),
+    Property(
+        "entries outside [-1, 1]: raw angles instead of their sines and cosines",
+        "Every entry is a sine or a cosine: apply torch.sin / torch.cos to the angles pos * omega_i.",
+        _outside_unit_range,
+    ),
+]
+
+
 check_sinusoidal_table = Checker(
     name="sinusoidal_table",
     reference=sinusoidal_encoding,
@@ -122,6 +205,7 @@ check_sinusoidal_table = Checker(
             _table_own_frequency_per_dim,
         ),
     ],
+    properties=TABLE_PROPERTIES,
     rtol=1e-4,
     atol=1e-4,  # float32 answers: pos * omega carries ~1e-5 of rounding at pos ~ 100
 )
@@ -167,6 +251,47 @@ def _add_scaled_embeddings(x, pe, offset=0):
     return x * math.sqrt(x.shape[-1]) + pe[offset : offset + x.shape[-2]].to(x.dtype)
 
 
+def _added_rows(case, actual):
+    """What the learner added to x, as [..., seq, d_model], or None when shapes do not allow it."""
+    x = case.args[0]
+    if not isinstance(actual, torch.Tensor) or actual.shape != x.shape:
+        return None
+    return actual.double() - x.double()
+
+
+def _wrong_block_of_rows(case, expected, actual):
+    added = _added_rows(case, actual)
+    if added is None:
+        return False
+    pe, offset, seq = case.args[1].double(), case.kwargs.get("offset", 0), case.args[0].shape[-2]
+    for start in range(pe.shape[0] - seq + 1):
+        if start != offset and torch.allclose(added, pe[start : start + seq].expand_as(added), atol=1e-5):
+            return True
+    return False
+
+
+def _one_row_for_every_token(case, expected, actual):
+    added = _added_rows(case, actual)
+    if added is None or added.shape[-2] < 2:
+        return False
+    return bool(torch.allclose(added, added[..., :1, :].expand_as(added), atol=1e-5))
+
+
+ADD_PROPERTIES = [
+    Property(
+        "a block of table rows that starts at the wrong position",
+        "The first token sits at position `offset`: add pe[offset : offset + seq], with seq = x.shape[1].",
+        _wrong_block_of_rows,
+    ),
+    Property(
+        "the same position vector added to every token",
+        "Each token t gets its own row, offset + t: slice seq rows, pe[offset : offset + seq] "
+        "(seq is x.shape[1]; len(x) is the batch size).",
+        _one_row_for_every_token,
+    ),
+]
+
+
 check_add_positions = Checker(
     name="add_positions",
     reference=add_positions,
@@ -193,6 +318,7 @@ check_add_positions = Checker(
             _add_scaled_embeddings,
         ),
     ],
+    properties=ADD_PROPERTIES,
 )
 
 
@@ -242,6 +368,47 @@ def _rotation_cos_only(k, d_model):
     return _rotation(d_model, k * _omega(d_model), with_sin=False)
 
 
+def _rotation_without_diag(k, d_model):
+    angle = k * _omega(d_model)  # [d/2]
+    cos, sin = angle.cos(), angle.sin()
+    m = torch.zeros(d_model, d_model, dtype=torch.float64)
+    # A vector assigned to a [d/2, d/2] slice broadcasts along its rows: every entry is filled.
+    m[0::2, 0::2], m[0::2, 1::2] = cos, sin
+    m[1::2, 0::2], m[1::2, 1::2] = -sin, cos
+    return m.float()
+
+
+def _outside_the_blocks(case, expected, actual):
+    e, a = _tensors(expected, actual)
+    if e is None or a.shape != e.shape:
+        return False
+    pair = torch.arange(a.shape[-1]) // 2
+    off_block = pair[:, None] != pair[None, :]  # [d, d]: True outside the 2x2 blocks on the diagonal
+    return bool((a[off_block].abs() > 1e-4).any())
+
+
+def _not_a_rotation(case, expected, actual):
+    e, a = _tensors(expected, actual)
+    if e is None or a.dim() != 2 or a.shape[0] != a.shape[1] or a.shape != e.shape:
+        return False
+    return not torch.allclose(a @ a.T, torch.eye(a.shape[0], dtype=a.dtype), atol=1e-3)
+
+
+ROTATION_PROPERTIES = [
+    Property(
+        "nonzero entries outside the 2x2 blocks on the diagonal",
+        "Start from torch.zeros(d_model, d_model) and fill only the entries of each pair's block: "
+        "assign torch.diag(...) to the strided slices, not the bare vectors.",
+        _outside_the_blocks,
+    ),
+    Property(
+        "a matrix that is not a rotation (M @ M.T is not the identity)",
+        "Each 2x2 block is [[cos a, sin a], [-sin a, cos a]] with one angle a = k * omega_i in all four entries.",
+        _not_a_rotation,
+    ),
+]
+
+
 check_rotation_for_offset = Checker(
     name="rotation_for_offset",
     reference=offset_rotation,
@@ -268,7 +435,15 @@ check_rotation_for_offset = Checker(
             "Each 2x2 block is a full rotation: [[cos, sin], [-sin, cos]] of the angle k * omega_i.",
             _rotation_cos_only,
         ),
+        Mistake(
+            "cos and sin assigned to the strided slices without torch.diag: every (even, even) entry is filled, "
+            "not only the 2x2 blocks on the diagonal",
+            "m[0::2, 0::2] is a [d_model/2, d_model/2] grid; a vector assigned to it fills every row. Assign "
+            "torch.diag(cos) (and torch.diag(sin), ...) so only the diagonal blocks are set.",
+            _rotation_without_diag,
+        ),
     ],
+    properties=ROTATION_PROPERTIES,
     rtol=1e-4,
     atol=1e-4,  # float32 answers: k * omega carries ~1e-5 of rounding at k ~ 100
 )
@@ -315,6 +490,33 @@ def _index_as_floats(q_len, k_len, max_distance):
     return (_offsets(q_len, k_len).clamp(-max_distance, max_distance) + max_distance).float()
 
 
+def _outside_the_table(case, expected, actual):
+    if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape:
+        return False
+    max_distance = case.args[2]
+    return bool(((actual < 0) | (actual > 2 * max_distance)).any())
+
+
+def _changes_along_a_diagonal(case, expected, actual):
+    if not isinstance(actual, torch.Tensor) or actual.dim() != 2 or min(actual.shape) < 2:
+        return False
+    return not torch.equal(actual[1:, 1:].double(), actual[:-1, :-1].double())
+
+
+INDEX_PROPERTIES = [
+    Property(
+        "indices outside 0 .. 2 * max_distance: they cannot index a table of 2 * max_distance + 1 entries",
+        "Clip j - i to [-max_distance, max_distance] first, then add max_distance.",
+        _outside_the_table,
+    ),
+    Property(
+        "values that change along a diagonal: the index must depend on j - i only",
+        "Build j - i from two aranges, keys [1, k_len] minus queries [q_len, 1], and use nothing else.",
+        _changes_along_a_diagonal,
+    ),
+]
+
+
 check_relative_position_index = Checker(
     name="relative_position_index",
     reference=relative_offsets,
@@ -346,7 +548,140 @@ check_relative_position_index = Checker(
             _index_as_floats,
         ),
     ],
+    properties=INDEX_PROPERTIES,
 )
 
 
-CHECKERS = [check_sinusoidal_table, check_add_positions, check_rotation_for_offset, check_relative_position_index]
+# ---------------------------------------------------------------------------------------
+# Exercise 5: relative_position_bias(table, q_len, k_len) -> [heads, q_len, k_len]
+# ---------------------------------------------------------------------------------------
+
+
+def _bias_cases() -> list[Case]:
+    g = seeded(405)
+    return [
+        Case("2 heads, max_distance 2, 5 x 5", (randn(g, 2, 5), 5, 5)),
+        Case("3 heads, max_distance 3, 4 queries, 6 keys", (randn(g, 3, 7), 4, 6)),
+        Case("1 head, max_distance 1, 6 queries, 3 keys", (randn(g, 1, 3), 6, 3)),
+        Case("4 heads, max_distance 4, shorter than the table", (randn(g, 4, 9), 3, 3)),
+        Case("max_distance 0: one bias per head", (randn(g, 2, 1), 3, 4), hidden=True),
+        Case("8 heads, a single query, 7 keys", (randn(g, 8, 5), 1, 7), hidden=True),
+        Case("float64 table, 9 x 9", (randn(g, 2, 7, dtype=torch.float64), 9, 9), hidden=True),
+        Case("5 heads, 10 queries, 2 keys", (randn(g, 5, 11), 10, 2), hidden=True),
+    ]
+
+
+def _bias_from_index(table, index):
+    return table[:, index]  # [heads, L_q, L_k]
+
+
+def _bias_mirrored(table, q_len, k_len):
+    return _bias_from_index(table, _index_i_minus_j(q_len, k_len, (table.shape[-1] - 1) // 2))
+
+
+def _bias_not_shifted(table, q_len, k_len):
+    # Negative indices do not fail in PyTorch: they count from the end of the table.
+    return _bias_from_index(table, _index_not_shifted(q_len, k_len, (table.shape[-1] - 1) // 2))
+
+
+def _bias_distance(table, q_len, k_len):
+    return _bias_from_index(table, _index_absolute_distance(q_len, k_len, (table.shape[-1] - 1) // 2))
+
+
+def _bias_heads_last(table, q_len, k_len):
+    return table.T[relative_offsets(q_len, k_len, (table.shape[-1] - 1) // 2)]  # [L_q, L_k, heads]
+
+
+def _heads_all_alike(case, expected, actual):
+    e, a = _tensors(expected, actual)
+    if e is None or a.shape != e.shape or a.shape[0] < 2:
+        return False
+    return torch.allclose(a, a[:1].expand_as(a)) and not torch.allclose(e, e[:1].expand_as(e))
+
+
+def _bias_changes_along_a_diagonal(case, expected, actual):
+    e, a = _tensors(expected, actual)
+    if e is None or a.shape != e.shape or min(a.shape[-2:]) < 2:
+        return False
+    return not torch.allclose(a[..., 1:, 1:], a[..., :-1, :-1])
+
+
+def _heads_not_first(case, expected, actual):
+    if not (isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor)):
+        return False
+    queries_keys_swapped = actual.shape == expected.transpose(-2, -1).shape
+    return (actual.shape != expected.shape and sorted(actual.shape) == sorted(expected.shape)
+            and not queries_keys_swapped)
+
+
+def _queries_and_keys_swapped(case, expected, actual):
+    e, a = _tensors(expected, actual)
+    if e is None:
+        return False
+    if e.shape[-1] != e.shape[-2]:
+        return a.shape == e.transpose(-2, -1).shape
+    return a.shape == e.shape and not torch.allclose(e, e.transpose(-2, -1)) and torch.allclose(a, e.transpose(-2, -1))
+
+
+BIAS_PROPERTIES = [
+    Property(
+        "the heads not first: the right sizes in the wrong order",
+        "The bias is [heads, q_len, k_len], heads first, so that it broadcasts over the batch of scores "
+        "[batch, heads, q_len, k_len]: index the table's second dimension, table[:, index].",
+        _heads_not_first,
+    ),
+    Property(
+        "queries and keys swapped: a [heads, k_len, q_len] bias, or its entries mirrored across the diagonal",
+        "Rows are queries i, columns are keys j: the index matrix is [q_len, k_len] and holds "
+        "clip(j - i, -D, D) + D.",
+        _queries_and_keys_swapped,
+    ),
+    Property(
+        "every head given the same bias",
+        "Each head has its own row of the table: table[:, index] keeps the head dimension first.",
+        _heads_all_alike,
+    ),
+    Property(
+        "a bias that changes along a diagonal: it must depend on the offset j - i only",
+        "Look every entry up with the index of exercise 4: relative_position_index(q_len, k_len, max_distance).",
+        _bias_changes_along_a_diagonal,
+    ),
+]
+
+
+check_relative_position_bias = Checker(
+    name="relative_position_bias",
+    reference=relative_position_bias,
+    make_cases=_bias_cases,
+    mistakes=[
+        Mistake(
+            "the index built from i - j: every head's bias is mirrored, a preference for the previous token "
+            "becomes one for the next",
+            "The table's column D + m holds the bias of offset m = j - i (key position minus query position).",
+            _bias_mirrored,
+        ),
+        Mistake(
+            "the clipped offsets used as indices without adding max_distance: negative offsets silently read "
+            "the table from its end",
+            "Shift the clipped offsets by max_distance, so they run from 0 to 2 * max_distance "
+            "(the index of exercise 4 already does).",
+            _bias_not_shifted,
+        ),
+        Mistake(
+            "the distance |j - i| used as the index: left and right share a bias and half the table is never read",
+            "Keep the sign of j - i: index = clip(j - i, -D, D) + D with D = (table.shape[1] - 1) // 2.",
+            _bias_distance,
+        ),
+        Mistake(
+            "the heads placed last ([q_len, k_len, heads], from table.T[index])",
+            "Keep the heads first: table[:, index] is [heads, q_len, k_len], which adds to scores "
+            "[batch, heads, q_len, k_len].",
+            _bias_heads_last,
+        ),
+    ],
+    properties=BIAS_PROPERTIES,
+)
+
+
+CHECKERS = [check_sinusoidal_table, check_add_positions, check_rotation_for_offset, check_relative_position_index,
+            check_relative_position_bias]

@@ -1,24 +1,38 @@
-"""Checkers for chapter 05, Add & Norm and the feed-forward network: layer_norm, feed_forward,
-add_and_norm (post-norm and pre-norm residual sub-layers) and the EncoderBlock class.
+"""Checkers for chapter 05, Add & Norm and the feed-forward network: layer_norm, batch_norm,
+feed_forward, add_and_norm (post-norm and pre-norm residual sub-layers), encoder_layer_forward
+(one encoder layer, from the library's EncoderLayer's parts) and encoder_forward (the stack).
 
 Each checker compares a learner's answer with the library (transformer_lib.layers) on
 deterministic cases and knows the wrong answers learners often write: LayerNorm over the
-batch, torch.var's unbiased default, eps outside the square root, a ReLU too many, the
-norm on the wrong side of the residual, the FFN before the attention, ...
+batch, torch.var's unbiased default, eps outside the square root, padding counted in
+BatchNorm's statistics, a ReLU too many, the norm on the wrong side of the residual, the
+mask dropped, dropout left on, the final LayerNorm of a pre-norm stack forgotten, ...
+Properties name the errors a catalogue entry cannot, when two mistakes come together:
+vectors that do not come out with mean 0 and variance 1, NaN on a constant vector, a
+post-norm layer whose output is not its last LayerNorm's.
 """
 
 import math
 
 import torch
 
-from transformer_lib.layers import EncoderLayer, add_and_norm, feed_forward, layer_norm
+from transformer_lib.layers import (Encoder, EncoderLayer, add_and_norm, batch_norm, encoder_forward,
+                                    encoder_layer_forward, feed_forward, layer_norm)
+from transformer_lib.masks import padding_mask
 
-from .core import Case, Checker, Mistake, randn, seeded
+from . import properties
+from .core import Case, Checker, Mistake, Property, randn, seeded
 
 
 def _gamma_beta(g: torch.Generator, d: int, dtype=torch.float32):
     """A gamma near 1 and a beta near 0, but far enough from them that forgetting them shows."""
     return randn(g, d, dtype=dtype, scale=0.5, shift=1.0), randn(g, d, dtype=dtype, scale=0.5)
+
+
+def _normalised(t: torch.Tensor, dims) -> torch.Tensor:
+    """True where the vectors along `dims` have mean 0 and (biased) variance 1, per vector."""
+    t = t.double()
+    return (t.mean(dims).abs() < 1e-3) & ((t.var(dims, unbiased=False) - 1).abs() < 0.05)
 
 
 # ---------------------------------------------------------------------------------------
@@ -30,8 +44,10 @@ def _layer_norm_cases() -> list[Case]:
     g = seeded(501)
     cases = []
 
-    def add(name, x, hidden=False, **kwargs):
+    def add(name, x, hidden=False, unit=False, **kwargs):
         gamma, beta = _gamma_beta(g, x.shape[-1], x.dtype)
+        if unit:  # gain 1, bias 0: the output itself must have mean 0 and variance 1 per vector
+            gamma, beta = torch.ones_like(gamma), torch.zeros_like(beta)
         cases.append(Case(name, (x, gamma, beta), kwargs, hidden))
 
     add("one sentence, 5 positions x 8 features", randn(g, 5, 8, scale=2.0, shift=1.0))
@@ -43,7 +59,44 @@ def _layer_norm_cases() -> list[Case]:
     add("eps = 0.1 passed by keyword", randn(g, 2, 5, 8, scale=0.5), hidden=True, eps=0.1)
     add("a single feature (d = 1): the output is beta", randn(g, 4, 1), hidden=True)
     add("one vector", randn(g, 12, scale=4.0), hidden=True)
+    # Gain 1 and bias 0 (small d, where d and d - 1 differ by a lot): the output's own statistics
+    # show a wrong axis or a wrong variance, whatever else is wrong too.
+    add("gain 1, bias 0: every row comes out with mean 0, variance 1", randn(g, 4, 6, scale=2.0, shift=3.0),
+        unit=True)
+    add("gain 1, bias 0, batch of 2", randn(g, 2, 3, 5, scale=4.0, shift=-1.0), unit=True, hidden=True)
+    # Constant rows, exactly representable (their mean is exact): variance 0, so only eps keeps
+    # the division finite; LayerNorm returns beta there.
+    x = randn(g, 4, 6, scale=2.0)
+    x[1] = 2.0
+    x[3] = -0.5
+    add("rows 1 and 3 constant (variance 0)", x)
+    x = randn(g, 2, 3, 8, dtype=torch.float64)
+    x[0, 2] = 4.0
+    add("a constant position, float64", x, hidden=True)
     return cases
+
+
+def _constant_rows(x: torch.Tensor) -> torch.Tensor:
+    """True for the vectors (along the last dim, d > 1) whose entries are all equal."""
+    if x.shape[-1] < 2:
+        return torch.zeros(x.shape[:-1], dtype=torch.bool)
+    return x.amax(dim=-1) == x.amin(dim=-1)
+
+
+def _nan_on_constant_rows() -> Property:
+    def seen(case, expected, actual):
+        x = case.args[0]
+        if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape:
+            return False
+        rows = _constant_rows(x)
+        bad = ~actual.isfinite().all(dim=-1) & expected.isfinite().all(dim=-1)
+        return bool((rows & bad).any())
+
+    return Property(
+        "NaN or inf on a constant vector (variance 0), where LayerNorm returns beta",
+        "eps keeps the division finite: (x - mean) / torch.sqrt(var + eps), with eps inside the square root.",
+        seen,
+    )
 
 
 def _ln_over(x, gamma, beta, eps, dims, unbiased=False, eps_outside=False):
@@ -118,7 +171,7 @@ check_layer_norm = Checker(
         ),
         Mistake(
             "x.std() + eps: unbiased standard deviation and eps outside the square root "
-            "(the variant in the source's code, not torch.nn.LayerNorm)",
+            "(the Annotated Transformer's variant, not torch.nn.LayerNorm)",
             "Use the biased variance and put eps inside the root: torch.sqrt(x.var(dim=-1, keepdim=True, "
             "unbiased=False) + eps).",
             _ln_annotated,
@@ -140,11 +193,170 @@ check_layer_norm = Checker(
             _ln_gamma_beta_swapped,
         ),
     ],
+    properties=[
+        properties.not_zero_mean_unit_variance(
+            dim=-1,
+            fix="Each vector (the last dimension) is normalised by itself: mean and variance over dim=-1 with "
+                "keepdim=True, the variance divided by d (unbiased=False), never over the batch or the positions.",
+        ),
+        _nan_on_constant_rows(),
+        properties.shape_permuted("LayerNorm keeps the input's shape [..., d]: reduce with keepdim=True and "
+                                  "never transpose or permute x."),
+    ],
 )
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 2: feed_forward(x, w1, b1, w2, b2) = max(0, x w1 + b1) w2 + b2
+# Exercise 2: batch_norm(x, mask=None, eps=1e-5), for the LayerNorm-vs-BatchNorm comparison
+# ---------------------------------------------------------------------------------------
+
+
+def _lengths_mask(lengths: list[int], seq: int) -> torch.Tensor:
+    return torch.arange(seq)[None, :] < torch.tensor(lengths)[:, None]  # [batch, seq], True = real token
+
+
+def _padded(g: torch.Generator, lengths: list[int], seq: int, d: int, dtype=torch.float32, **kw):
+    """A batch of sequences of the given lengths, zero vectors at the padding (as pad_batch makes)."""
+    mask = _lengths_mask(lengths, seq)
+    return randn(g, len(lengths), seq, d, dtype=dtype, **kw) * mask[..., None], mask
+
+
+def _batch_norm_cases() -> list[Case]:
+    g = seeded(505)
+    cases = [Case("3 sentences of 5 tokens, no mask", (randn(g, 3, 5, 4, scale=2.0, shift=1.0),))]
+    x, mask = _padded(g, [6, 4, 2], 6, 4, scale=3.0, shift=-1.0)
+    cases.append(Case("padded batch (lengths 6, 4, 2) with its mask", (x, mask)))
+    x, mask = _padded(g, [3, 5], 5, 8, scale=0.5, shift=2.0)
+    cases.append(Case("padded batch (lengths 3, 5) with its mask", (x, mask)))
+    x, mask = _padded(g, [7, 1, 4], 7, 6, dtype=torch.float64, scale=2.0)
+    cases.append(Case("float64, padded (lengths 7, 1, 4)", (x, mask), hidden=True))
+    x = randn(g, 2, 4, 5, scale=10.0, shift=100.0)
+    cases.append(Case("no padding, every token marked real", (x, torch.ones(2, 4, dtype=torch.bool)), hidden=True))
+    x, mask = _padded(g, [2], 6, 3)
+    cases.append(Case("one sentence padded from 2 to 6 tokens", (x, mask), hidden=True))
+    cases.append(Case("mask=None and eps=0.1 by keyword", (randn(g, 2, 3, 4, scale=0.3),), {"mask": None, "eps": 0.1},
+                      hidden=True))
+    return cases
+
+
+def _bn_over(x, mask=None, eps=1e-5, dims=(0, 1), unbiased=False, count_padding=False):
+    weight = torch.ones(x.shape[:-1] + (1,), dtype=x.dtype) if mask is None else mask[..., None].to(x.dtype)
+    if dims == (0, 1):
+        total = weight.sum(dim=dims, keepdim=True)
+        n = torch.full_like(total, x.shape[0] * x.shape[1]) if count_padding else total
+        mean = (x * weight).sum(dim=dims, keepdim=True) / n
+        squares = (((x - mean) ** 2) * weight).sum(dim=dims, keepdim=True)
+    else:  # over other axes, every entry counts
+        mean = x.mean(dim=dims, keepdim=True)
+        squares = ((x - mean) ** 2).sum(dim=dims, keepdim=True)
+        n = torch.tensor(float(x.numel() // squares.numel()), dtype=x.dtype)
+    var = squares / (n - 1) if unbiased else squares / n
+    return (x - mean) / torch.sqrt(var + eps)
+
+
+def _bn_over_features(x, mask=None, eps=1e-5):
+    return _bn_over(x, mask, eps, dims=-1)
+
+
+def _bn_over_batch_only(x, mask=None, eps=1e-5):
+    return _bn_over(x, mask, eps, dims=0)
+
+
+def _bn_over_positions_only(x, mask=None, eps=1e-5):
+    return _bn_over(x, mask, eps, dims=1)
+
+
+def _bn_unbiased(x, mask=None, eps=1e-5):
+    return _bn_over(x, mask, eps, unbiased=True)
+
+
+def _bn_mask_ignored(x, mask=None, eps=1e-5):
+    return _bn_over(x, None, eps)
+
+
+def _bn_padding_in_the_count(x, mask=None, eps=1e-5):
+    return _bn_over(x, mask, eps, count_padding=True)
+
+
+def _bn_padding_zeroed(x, mask=None, eps=1e-5):
+    out = _bn_over(x, mask, eps)
+    return out if mask is None else out * mask[..., None]
+
+
+def _bn_real_tokens_not_normalised() -> Property:
+    """Over the real tokens of the batch, each feature must come out with mean 0 and variance 1."""
+
+    def seen(case, expected, actual):
+        x = case.args[0]
+        mask = case.args[1] if len(case.args) > 1 else case.kwargs.get("mask")
+        if mask is None:
+            mask = torch.ones(x.shape[:2], dtype=torch.bool)
+        if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape or not actual.is_floating_point():
+            return False
+        real_e, real_a = expected[mask], actual[mask]  # [real tokens, d]
+        return bool(_normalised(real_e, 0).all()) and not bool(_normalised(real_a, 0).all())
+
+    return Property(
+        "features that do not come out with mean 0 and variance 1 over the batch's real tokens",
+        "One mean and one variance per feature, over the batch and the positions together (dims 0 and 1), "
+        "counting only the tokens the mask marks True, the variance divided by their number.",
+        seen,
+    )
+
+
+check_batch_norm = Checker(
+    name="batch_norm",
+    reference=batch_norm,
+    make_cases=_batch_norm_cases,
+    mistakes=[
+        Mistake(
+            "statistics over each token's own features (dim=-1): that is LayerNorm, not BatchNorm",
+            "BatchNorm takes one mean and one variance per feature, across tokens: reduce over dims (0, 1), "
+            "the batch and the positions, with keepdim=True.",
+            _bn_over_features,
+        ),
+        Mistake(
+            "statistics over the batch dimension only (dim=0): one mean per position and feature",
+            "Pool the positions too: every token of every sentence contributes to a feature's statistics, "
+            "dims (0, 1).",
+            _bn_over_batch_only,
+        ),
+        Mistake(
+            "statistics over the positions only (dim=1): each sentence normalised by itself",
+            "Pool the batch too: one mean and variance per feature over dims (0, 1), the same for every sentence.",
+            _bn_over_positions_only,
+        ),
+        Mistake(
+            "unbiased variance (divided by the number of tokens minus 1)",
+            "Divide by the number of (real) tokens, as BatchNorm's normalisation in training mode does.",
+            _bn_unbiased,
+        ),
+        Mistake(
+            "the mask ignored: padding tokens counted in the statistics",
+            "Weight every token by mask[..., None] (1 for a real token, 0 for padding) in both sums, and divide "
+            "by the number of real tokens, mask.sum().",
+            _bn_mask_ignored,
+        ),
+        Mistake(
+            "padding left out of the sums but not out of the count (divided by batch * seq)",
+            "Divide the masked sums by the number of real tokens, mask.sum(), not by every position.",
+            _bn_padding_in_the_count,
+        ),
+        Mistake(
+            "the padding positions set to zero in the output",
+            "Only the statistics ignore the padding: normalise every position, padding included, with them.",
+            _bn_padding_zeroed,
+        ),
+    ],
+    properties=[
+        _bn_real_tokens_not_normalised(),
+        properties.shape_permuted("BatchNorm keeps the input's shape [batch, seq, d]: reduce with keepdim=True."),
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 3: feed_forward(x, w1, b1, w2, b2) = max(0, x w1 + b1) w2 + b2
 # ---------------------------------------------------------------------------------------
 
 
@@ -229,7 +441,7 @@ check_feed_forward = Checker(
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 3: add_and_norm(x, sublayer, gamma, beta, norm_first=False, eps=1e-5)
+# Exercise 4: add_and_norm(x, sublayer, gamma, beta, norm_first=False, eps=1e-5)
 # ---------------------------------------------------------------------------------------
 
 
@@ -388,163 +600,364 @@ check_add_and_norm = Checker(
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 4: the EncoderBlock class (its forward method)
+# Exercise 5: encoder_layer_forward(x, mask, layer), from the parts of the library's EncoderLayer
 # ---------------------------------------------------------------------------------------
 
-
-class ReferenceEncoderBlock(EncoderLayer):
-    """The library's EncoderLayer under the exercise's constructor and attribute names:
-    EncoderBlock(d_model, n_heads, d_ff, norm_first=False) with self_attn, feed_forward,
-    norm1 (around the attention) and norm2 (around the FFN)."""
-
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, norm_first: bool = False):
-        super().__init__(d_model, n_heads, d_ff, dropout=0.0, norm_first=norm_first)
-        self.norm_first = norm_first
-
-    @property
-    def norm1(self):
-        return self.residual1.norm
-
-    @property
-    def norm2(self):
-        return self.residual2.norm
+_CALL_THE_PARTS = ("calling layer(x, mask) runs the library's own encoder layer: build the forward pass from "
+                   "its parts (layer.self_attn, layer.feed_forward, layer.norm1, layer.norm2, layer.dropout1, "
+                   "layer.dropout2)")
 
 
-def _fill_weights(block, seed: int) -> None:
-    """The same random weights in the learner's block and the reference: module by module,
-    in a fixed order, with gamma near 1 and beta near 0 but not equal to them."""
+class _ExerciseEncoderLayer(EncoderLayer):
+    """The library's EncoderLayer with its forward sealed, so that an answer must use the parts."""
+
+    def forward(self, x, mask=None):
+        raise RuntimeError(_CALL_THE_PARTS)
+
+
+def _fill_weights(module: torch.nn.Module, seed: int) -> None:
+    """Random weights in every parameter, in a fixed order: gamma near 1 and beta near 0 but not
+    equal to them (so a misplaced or missing norm shows), matrices scaled by 1/sqrt(fan-in)."""
     g = seeded(seed)
-    for module in (block.self_attn, block.feed_forward, block.norm1, block.norm2):
-        for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
-            value = 1.0 + 0.3 * noise if name == "gamma" else noise / math.sqrt(p.shape[-1])
-            p.data.copy_(value.to(p.dtype))
+    for name, p in module.named_parameters():
+        noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
+        value = 1.0 + 0.3 * noise if name.endswith("gamma") else noise / math.sqrt(p.shape[-1])
+        p.data.copy_(value.to(p.dtype))
 
 
-def _invoke_block(cls, case: Case):
+def _build_layer(kw: dict) -> EncoderLayer:
+    """The case's layer: dropout 0.1 in eval mode (so dropout must be a no-op), seeded weights."""
+    with torch.random.fork_rng(devices=[]):  # nn.Linear's own initialisation must not move the caller's RNG
+        layer = _ExerciseEncoderLayer(kw["d_model"], kw["n_heads"], kw["d_ff"], dropout=0.1,
+                                      norm_first=kw["norm_first"])
+    layer = layer.to(kw["x"].dtype)
+    _fill_weights(layer, kw["seed"])
+    return layer.eval()
+
+
+def _invoke_layer(fn, case: Case):
     kw = case.kwargs
-    block = cls(kw["d_model"], kw["n_heads"], kw["d_ff"], norm_first=kw["norm_first"])
-    block = block.to(kw["x"].dtype)
-    _fill_weights(block, kw["seed"])
-    block.eval()
-    return block(kw["x"], kw["mask"])
+    layer = _build_layer(kw)
+    # A fixed seed, restored afterwards, so that dropout wrongly left on gives the same numbers on
+    # every run (and can be recognised), without touching the notebook's own random state.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(kw["seed"])
+        return fn(kw["x"], kw["mask"], layer)
 
 
-def _block_cases() -> list[Case]:
-    g = seeded(504)
+def _layer_cases() -> list[Case]:
+    g = seeded(506)
+    cases: list[Case] = []
 
-    def case(name, batch, seq, d_model, n_heads, norm_first, lengths=None, dtype=torch.float32, hidden=False):
-        seed = 5040 + len(cases)  # the weights of this case
-        x = randn(g, batch, seq, d_model, dtype=dtype, scale=1.5)
-        mask = None
-        if lengths is not None:
-            mask = (torch.arange(seq)[None, :] < torch.tensor(lengths)[:, None])[:, None, :]  # [batch, 1, seq]
+    def case(name, lengths, seq, d_model, n_heads, norm_first, use_mask=True, dtype=torch.float32, hidden=False):
+        x = randn(g, len(lengths), seq, d_model, dtype=dtype, scale=1.5)
+        tokens = _lengths_mask(lengths, seq).long()  # 1 = a real token, 0 = padding
+        mask = padding_mask(tokens, 0) if use_mask else None  # [batch, 1, 1, seq]
         kwargs = dict(d_model=d_model, n_heads=n_heads, d_ff=4 * d_model, norm_first=norm_first, x=x, mask=mask,
-                      seed=seed)
+                      seed=5060 + len(cases))
         cases.append(Case(name, (), kwargs, hidden))
 
-    cases: list[Case] = []
-    for args in [
-        ("post-norm, no mask", 2, 5, 16, 4, False),
-        ("post-norm, padding mask (lengths 5 and 3)", 2, 5, 16, 4, False, [5, 3]),
-        ("pre-norm, no mask", 2, 5, 16, 4, True),
-        ("pre-norm, padding mask (lengths 2 and 4)", 2, 4, 16, 4, True, [2, 4]),
-        ("post-norm, float64, padding mask", 3, 6, 8, 2, False, [6, 1, 4], torch.float64, True),
-        ("pre-norm, one sentence of 7 tokens", 1, 7, 16, 4, True, None, torch.float32, True),
-        ("post-norm, a single token", 2, 1, 8, 2, False, None, torch.float32, True),
-        ("pre-norm, float64, 8 heads", 2, 6, 32, 8, True, [3, 6], torch.float64, True),
-    ]:
-        case(*args)
+    case("post-norm, no mask", [5, 5], 5, 16, 4, False, use_mask=False)
+    case("post-norm, padding mask (lengths 5 and 3)", [5, 3], 5, 16, 4, False)
+    case("pre-norm, no mask", [5, 5], 5, 16, 4, True, use_mask=False)
+    case("pre-norm, padding mask (lengths 2 and 4)", [2, 4], 4, 16, 4, True)
+    case("post-norm, float64, padding mask", [6, 1, 4], 6, 8, 2, False, dtype=torch.float64, hidden=True)
+    case("pre-norm, one sentence of 7 tokens", [7], 7, 16, 4, True, use_mask=False, hidden=True)
+    case("post-norm, a single token", [1, 1], 1, 8, 2, False, use_mask=False, hidden=True)
+    case("pre-norm, float64, 8 heads, padding mask", [3, 6], 6, 32, 8, True, dtype=torch.float64, hidden=True)
     return cases
 
 
-class _BlockFfnFirst(ReferenceEncoderBlock):
-    def forward(self, x, mask=None):
-        x = add_and_norm(x, self.feed_forward, self.norm1.gamma, self.norm1.beta, self.norm_first)
-        return add_and_norm(x, lambda y: self.self_attn(y, y, y, mask), self.norm2.gamma, self.norm2.beta,
-                            self.norm_first)
+def _attn(layer, mask):
+    return lambda y: layer.self_attn(y, y, y, mask)
 
 
-class _BlockNoFfnResidual(ReferenceEncoderBlock):
-    def forward(self, x, mask=None):
-        x = add_and_norm(x, lambda y: self.self_attn(y, y, y, mask), self.norm1.gamma, self.norm1.beta,
-                         self.norm_first)
-        if self.norm_first:
-            return self.feed_forward(self.norm2(x))
-        return self.norm2(self.feed_forward(x))
+def _sublayer_step(x, sublayer, norm, drop, norm_first):
+    """One residual sub-layer exactly as the reference does it, with a chosen dropout."""
+    return add_and_norm(x, lambda y: drop(sublayer(y)), norm.gamma, norm.beta, norm_first, norm.eps)
 
 
-class _BlockNoAttentionResidual(ReferenceEncoderBlock):
-    def forward(self, x, mask=None):
-        if self.norm_first:
-            y = self.norm1(x)
-            x = self.self_attn(y, y, y, mask)
-        else:
-            x = self.norm1(self.self_attn(x, x, x, mask))
-        return add_and_norm(x, self.feed_forward, self.norm2.gamma, self.norm2.beta, self.norm_first)
+def _el_norm_before_residual(x, mask, layer):
+    if layer.norm_first:
+        return encoder_layer_forward(x, mask, layer)
+    x = x + layer.norm1(layer.dropout1(layer.self_attn(x, x, x, mask)))
+    return x + layer.norm2(layer.dropout2(layer.feed_forward(x)))
 
 
-class _BlockMaskIgnored(ReferenceEncoderBlock):
-    def forward(self, x, mask=None):
-        return super().forward(x, None)
+def _el_pre_ffn_unnormalised(x, mask, layer):
+    if not layer.norm_first:
+        return encoder_layer_forward(x, mask, layer)
+    y = layer.norm1(x)
+    x = x + layer.dropout1(layer.self_attn(y, y, y, mask))
+    return x + layer.dropout2(layer.feed_forward(x))
 
 
-class _BlockAlwaysPostNorm(ReferenceEncoderBlock):
-    def forward(self, x, mask=None):
-        x = self.norm1(x + self.self_attn(x, x, x, mask))
-        return self.norm2(x + self.feed_forward(x))
+def _el_mask_ignored(x, mask, layer):
+    return encoder_layer_forward(x, None, layer)
 
 
-class _BlockOneNormTwice(ReferenceEncoderBlock):
-    def forward(self, x, mask=None):
-        x = add_and_norm(x, lambda y: self.self_attn(y, y, y, mask), self.norm1.gamma, self.norm1.beta,
-                         self.norm_first)
-        return add_and_norm(x, self.feed_forward, self.norm1.gamma, self.norm1.beta, self.norm_first)
+def _el_dropout_left_on(x, mask, layer):
+    def drop(t):
+        return torch.nn.functional.dropout(t, layer.dropout1.p)  # training=True by default
+
+    x = _sublayer_step(x, _attn(layer, mask), layer.norm1, drop, layer.norm_first)
+    return _sublayer_step(x, layer.feed_forward, layer.norm2, drop, layer.norm_first)
 
 
-check_encoder_block = Checker(
-    name="encoder_block",
-    reference=ReferenceEncoderBlock,
-    make_cases=_block_cases,
-    invoke=_invoke_block,
+def _el_ffn_first(x, mask, layer):
+    x = _sublayer_step(x, layer.feed_forward, layer.norm1, layer.dropout1, layer.norm_first)
+    return _sublayer_step(x, _attn(layer, mask), layer.norm2, layer.dropout2, layer.norm_first)
+
+
+def _el_one_norm_twice(x, mask, layer):
+    x = _sublayer_step(x, _attn(layer, mask), layer.norm1, layer.dropout1, layer.norm_first)
+    return _sublayer_step(x, layer.feed_forward, layer.norm1, layer.dropout2, layer.norm_first)
+
+
+def _el_always_post_norm(x, mask, layer):
+    x = _sublayer_step(x, _attn(layer, mask), layer.norm1, layer.dropout1, False)
+    return _sublayer_step(x, layer.feed_forward, layer.norm2, layer.dropout2, False)
+
+
+def _el_no_ffn_residual(x, mask, layer):
+    x = _sublayer_step(x, _attn(layer, mask), layer.norm1, layer.dropout1, layer.norm_first)
+    if layer.norm_first:
+        return layer.feed_forward(layer.norm2(x))
+    return layer.norm2(layer.feed_forward(x))
+
+
+def _post_norm_output_not_normalised() -> Property:
+    """A post-norm layer ends with norm2: undo its gamma and beta and every vector has mean 0 and
+    variance 1. Any answer that does not end with norm2 fails this, whatever else it gets wrong."""
+
+    def seen(case, expected, actual):
+        kw = case.kwargs
+        if kw["norm_first"] or not isinstance(actual, torch.Tensor) or actual.shape != expected.shape:
+            return False
+        norm2 = _build_layer(kw).norm2
+        gamma, beta = norm2.gamma.detach().double(), norm2.beta.detach().double()
+        return (bool(_normalised((expected.double() - beta) / gamma, -1).all())
+                and not bool(_normalised((actual.double() - beta) / gamma, -1).all()))
+
+    return Property(
+        "a post-norm output that is not norm2's output (undo norm2's gamma and beta, and its vectors do not have "
+        "mean 0 and variance 1)",
+        "In post-norm (norm_first False) each sub-layer ends with its LayerNorm, applied to the sum: "
+        "x = norm1(x + attention(x)), then return norm2(x + ffn(x)); nothing is added after the last norm.",
+        seen,
+    )
+
+
+check_encoder_layer_forward = Checker(
+    name="encoder_layer_forward",
+    reference=encoder_layer_forward,
+    make_cases=_layer_cases,
+    invoke=_invoke_layer,
     rtol=1e-4,
     atol=1e-5,
     mistakes=[
         Mistake(
-            "the feed-forward network applied before the self-attention",
-            "Attention first (positions exchange information), then the FFN (each position on its own).",
-            _BlockFfnFirst,
+            "post-norm with the norm before the residual: x + norm(sublayer(x)) instead of norm(x + sublayer(x))",
+            "Add first, then normalise the sum: x = layer.norm1(x + attention(x)), and the same with norm2 around "
+            "the FFN.",
+            _el_norm_before_residual,
         ),
         Mistake(
-            "no residual connection around the feed-forward network",
-            "Wrap the FFN like the attention: norm2(x + feed_forward(x)) in post-norm, "
-            "x + feed_forward(norm2(x)) in pre-norm.",
-            _BlockNoFfnResidual,
-        ),
-        Mistake(
-            "no residual connection around the self-attention",
-            "Add the block's input back: norm1(x + attention(x)) in post-norm, x + attention(norm1(x)) in pre-norm.",
-            _BlockNoAttentionResidual,
+            "pre-norm: the FFN applied to the un-normalised stream, x + ffn(x) (norm2 skipped)",
+            "In pre-norm each sub-layer reads the normalised stream: x = x + ffn(layer.norm2(x)).",
+            _el_pre_ffn_unnormalised,
         ),
         Mistake(
             "the padding mask not passed to the self-attention (padding tokens get attention)",
-            "Pass it on: self.self_attn(y, y, y, mask).",
-            _BlockMaskIgnored,
+            "Pass it on: layer.self_attn(y, y, y, mask).",
+            _el_mask_ignored,
         ),
         Mistake(
-            "norm_first ignored: post-norm even when norm_first=True",
-            "If self.norm_first, normalise before each sub-layer and add the raw input: "
-            "x = x + self_attn(norm1(x)); x = x + feed_forward(norm2(x)).",
-            _BlockAlwaysPostNorm,
+            "dropout left on: torch.nn.functional.dropout (training=True by default) used while the layer is in "
+            "eval mode",
+            "Use the layer's own modules, layer.dropout1 and layer.dropout2: they drop only in training mode.",
+            _el_dropout_left_on,
+        ),
+        Mistake(
+            "the feed-forward network applied before the self-attention",
+            "Attention first (positions exchange information), then the FFN (each position on its own).",
+            _el_ffn_first,
         ),
         Mistake(
             "the same LayerNorm (norm1) used around both sub-layers",
             "Each sub-layer has its own LayerNorm with its own gamma and beta: norm1 for the attention, "
             "norm2 for the FFN.",
-            _BlockOneNormTwice,
+            _el_one_norm_twice,
         ),
+        Mistake(
+            "norm_first ignored: post-norm even when layer.norm_first is True",
+            "If layer.norm_first, normalise before each sub-layer and add the raw input: "
+            "x = x + attention(norm1(x)); x = x + ffn(norm2(x)).",
+            _el_always_post_norm,
+        ),
+        Mistake(
+            "no residual connection around the feed-forward network",
+            "Wrap the FFN like the attention: norm2(x + ffn(x)) in post-norm, x + ffn(norm2(x)) in pre-norm.",
+            _el_no_ffn_residual,
+        ),
+    ],
+    properties=[
+        _post_norm_output_not_normalised(),
+        properties.shape_permuted("An encoder layer keeps the shape [batch, seq, d_model]: no transpose is needed."),
     ],
 )
 
 
-CHECKERS = [check_layer_norm, check_feed_forward, check_add_and_norm, check_encoder_block]
+# ---------------------------------------------------------------------------------------
+# Exercise 6: encoder_forward(x, mask, encoder, layer_forward), the stack
+# ---------------------------------------------------------------------------------------
+
+_CALL_LAYER_FORWARD = ("calling layer(x, mask) skips your own layer: run each layer with "
+                       "layer_forward(x, mask, layer)")
+
+
+class _StackedLayer(EncoderLayer):
+    """The library's EncoderLayer with its forward sealed: the stack must go through layer_forward."""
+
+    def forward(self, x, mask=None):
+        raise RuntimeError(_CALL_LAYER_FORWARD)
+
+
+def _build_encoder(kw: dict) -> Encoder:
+    with torch.random.fork_rng(devices=[]):  # nn.Linear's own initialisation must not move the caller's RNG
+        layer = _StackedLayer(kw["d_model"], kw["n_heads"], kw["d_ff"], dropout=0.1, norm_first=kw["norm_first"])
+    encoder = Encoder(layer, kw["n_layers"], norm_first=kw["norm_first"]).to(kw["x"].dtype)
+    for i, each in enumerate(encoder.layers):
+        _fill_weights(each, kw["seed"] + 100 * i)  # different weights in every layer
+    _fill_weights(encoder.norm, kw["seed"] + 99)  # the final LayerNorm (nothing to fill in post-norm)
+    return encoder.eval()
+
+
+def _invoke_encoder(fn, case: Case):
+    kw = case.kwargs
+    return fn(kw["x"], kw["mask"], _build_encoder(kw), encoder_layer_forward)
+
+
+def _encoder_cases() -> list[Case]:
+    g = seeded(507)
+    cases: list[Case] = []
+
+    def case(name, lengths, seq, n_layers, norm_first, use_mask=True, d_model=16, n_heads=4, dtype=torch.float32,
+             hidden=False):
+        x = randn(g, len(lengths), seq, d_model, dtype=dtype, scale=1.5)
+        mask = padding_mask(_lengths_mask(lengths, seq).long(), 0) if use_mask else None  # [batch, 1, 1, seq]
+        kwargs = dict(n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_ff=2 * d_model, norm_first=norm_first,
+                      x=x, mask=mask, seed=5070 + 7 * len(cases))
+        cases.append(Case(name, (), kwargs, hidden))
+
+    case("pre-norm, 3 layers, padding mask (lengths 5 and 2)", [5, 2], 5, 3, True)
+    case("post-norm, 2 layers, padding mask (lengths 3 and 4)", [3, 4], 4, 2, False)
+    case("pre-norm, 4 layers, no mask", [6, 6], 6, 4, True, use_mask=False)
+    case("pre-norm, float64, 3 layers", [4, 1, 3], 4, 3, True, dtype=torch.float64, hidden=True)
+    case("post-norm, a single layer", [3, 2], 3, 1, False, hidden=True)
+    case("pre-norm, a single layer, padding mask", [2, 5], 5, 1, True, hidden=True)
+    case("post-norm, 3 layers, one padded sentence", [4], 6, 3, False, d_model=8, n_heads=2, hidden=True)
+    return cases
+
+
+def _enc_no_final_norm(x, mask, encoder, layer_forward):
+    for layer in encoder.layers:
+        x = layer_forward(x, mask, layer)
+    return x
+
+
+def _enc_not_chained(x, mask, encoder, layer_forward):
+    out = x
+    for layer in encoder.layers:
+        out = layer_forward(x, mask, layer)  # always the encoder's input
+    return encoder.norm(out)
+
+
+def _enc_first_layer_repeated(x, mask, encoder, layer_forward):
+    for _ in encoder.layers:
+        x = layer_forward(x, mask, encoder.layers[0])
+    return encoder.norm(x)
+
+
+def _enc_mask_dropped(x, mask, encoder, layer_forward):
+    return encoder_forward(x, None, encoder, layer_forward)
+
+
+def _enc_norm_every_layer(x, mask, encoder, layer_forward):
+    for layer in encoder.layers:
+        x = encoder.norm(layer_forward(x, mask, layer))
+    return x
+
+
+def _enc_reversed(x, mask, encoder, layer_forward):
+    for layer in reversed(encoder.layers):
+        x = layer_forward(x, mask, layer)
+    return encoder.norm(x)
+
+
+def _pre_norm_stack_not_normalised() -> Property:
+    """A pre-norm stack ends with its final LayerNorm: undo its gamma and beta and every vector has
+    mean 0 and variance 1."""
+
+    def seen(case, expected, actual):
+        kw = case.kwargs
+        if not kw["norm_first"] or not isinstance(actual, torch.Tensor) or actual.shape != expected.shape:
+            return False
+        norm = _build_encoder(kw).norm
+        gamma, beta = norm.gamma.detach().double(), norm.beta.detach().double()
+        return (bool(_normalised((expected.double() - beta) / gamma, -1).all())
+                and not bool(_normalised((actual.double() - beta) / gamma, -1).all()))
+
+    return Property(
+        "a pre-norm stack whose output is not the final LayerNorm's (undo encoder.norm's gamma and beta, and its "
+        "vectors do not have mean 0 and variance 1)",
+        "Apply encoder.norm once, to the last layer's output: return encoder.norm(x).",
+        seen,
+    )
+
+
+check_encoder_forward = Checker(
+    name="encoder_forward",
+    reference=encoder_forward,
+    make_cases=_encoder_cases,
+    invoke=_invoke_encoder,
+    rtol=1e-4,
+    atol=1e-5,
+    mistakes=[
+        Mistake(
+            "the final LayerNorm left out (a pre-norm stack's residual stream is then never normalised)",
+            "End with return encoder.norm(x): a LayerNorm in pre-norm stacks, the identity in post-norm ones.",
+            _enc_no_final_norm,
+        ),
+        Mistake(
+            "every layer fed the encoder's input instead of the previous layer's output",
+            "Chain them: x = layer_forward(x, mask, layer), so each layer reads what the one below wrote.",
+            _enc_not_chained,
+        ),
+        Mistake(
+            "the first layer run n times (encoder.layers[0] every time)",
+            "Loop over the layers themselves: for layer in encoder.layers; each has its own weights.",
+            _enc_first_layer_repeated,
+        ),
+        Mistake(
+            "the padding mask not passed on to the layers",
+            "Every layer needs it: layer_forward(x, mask, layer).",
+            _enc_mask_dropped,
+        ),
+        Mistake(
+            "the final LayerNorm applied after every layer instead of once at the end",
+            "Each layer already has its own norms; encoder.norm comes once, after the loop.",
+            _enc_norm_every_layer,
+        ),
+        Mistake(
+            "the layers run from the top down (reversed order)",
+            "Run encoder.layers in order: layer 0 reads the input, the last one writes the output.",
+            _enc_reversed,
+        ),
+    ],
+    properties=[_pre_norm_stack_not_normalised()],
+)
+
+
+CHECKERS = [check_layer_norm, check_batch_norm, check_feed_forward, check_add_and_norm, check_encoder_layer_forward,
+            check_encoder_forward]

@@ -1,19 +1,23 @@
 """Checkers for chapter 06, the decoder's masks: the causal mask, the padding mask, the two
-combined for the decoder's self-attention, and a softmax that respects a mask (including
-rows with nothing to attend to).
+combined for the decoder's self-attention, cross-attention over the encoder's memory, and a
+softmax that respects a mask (including rows with nothing to attend to).
 
 Each checker compares a learner's function with the library (transformer_lib.masks,
-transformer_lib.attention.masked_softmax) on deterministic cases, and knows the wrong
-answers learners often write: a mask upside down, off by one on the diagonal, True meaning
-"hide", the padding mask unsqueezed in the wrong place, a mask applied after the softmax...
+transformer_lib.attention) on deterministic cases, and knows the wrong answers learners often
+write: a mask upside down, off by one on the diagonal, True meaning "hide", a float mask of
+0 / -inf, the padding mask on the query axis, a causal mask in cross-attention, a mask applied
+after the softmax... Properties name an error from a trait of the output ("True above the
+diagonal", "padding found by comparing with 0"), so two mistakes made at once are still
+diagnosed in the learner's terms.
 """
 
 import torch
 
-from transformer_lib.attention import masked_softmax
+from transformer_lib.attention import masked_softmax, scaled_dot_product_attention
 from transformer_lib.masks import causal_mask, decoder_self_mask, padding_mask
 
-from .core import Case, Checker, Mistake, randn, seeded
+from . import properties
+from .core import Case, Checker, Mistake, Property, randn, seeded
 
 
 def _tokens(lengths, seq, pad_id=0, first_id=None):
@@ -26,9 +30,45 @@ def _tokens(lengths, seq, pad_id=0, first_id=None):
     return tokens
 
 
+def _tril(n, device=None):
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+
+
+def _visible(mask):
+    """Read a learner's mask as 'may attend' booleans, whatever its encoding: a bool tensor as
+    it is, a float mask of 0/1 as `!= 0`, an additive float mask of 0/-inf (or a very negative
+    number) as `== 0`. None when the output is not a mask at all."""
+    if not isinstance(mask, torch.Tensor):
+        return None
+    if mask.dtype == torch.bool:
+        return mask
+    values = mask.double()
+    if ((values == 0) | (values == 1)).all():
+        return values != 0
+    if ((values == 0) | (values <= -1e4)).all():
+        return values == 0
+    return None
+
+
 # ---------------------------------------------------------------------------------------
 # Exercise 1: make_causal_mask(size) -> bool [size, size], True on and below the diagonal
 # ---------------------------------------------------------------------------------------
+
+
+def _mostly_flipped(case, expected, actual):
+    """True and False swapped, alone or with a second, smaller error: most of the reference's
+    True entries *and* most of its False entries come out the other way. Compared entry by
+    entry (flattened), so a mask in another layout is not paired with the wrong tokens, and
+    a mask that is merely all True is not called inverted."""
+    if not (isinstance(actual, torch.Tensor) and actual.dtype == torch.bool and actual.numel() == expected.numel()):
+        return False
+    e, a = expected.reshape(-1), actual.reshape(-1)
+    flipped = a != e
+    return bool(e.any() and (~e).any() and flipped[e].float().mean() > 0.5 and flipped[~e].float().mean() > 0.5)
+
+
+# The course's generic property, with a test that suits masks of several layouts.
+MASK_INVERTED = Property(properties.mask_inverted().name, properties.mask_inverted().fix, _mostly_flipped)
 
 
 def _causal_cases() -> list[Case]:
@@ -58,6 +98,45 @@ def _causal_float(size):
     return torch.ones(size, size).tril()
 
 
+def _causal_additive(size):
+    # What torch.nn.Transformer.generate_square_subsequent_mask returns: a float mask to *add*.
+    return torch.zeros(size, size).masked_fill(~_tril(size), float("-inf"))
+
+
+def _square_visible(case, actual):
+    """The learner's mask as [..., n, n] 'may attend' booleans, or None."""
+    vis = _visible(actual)
+    n = case.args[0]
+    if vis is None or vis.dim() < 2 or tuple(vis.shape[-2:]) != (n, n):
+        return None
+    return vis
+
+
+def _sees_the_future(case, expected, actual):
+    vis = _square_visible(case, actual)
+    if vis is None:
+        return False
+    n = vis.shape[-1]
+    future = torch.ones(n, n, dtype=torch.bool).triu(1)  # [n, n]: key j after query i
+    return bool((vis & future).any())
+
+
+def _hides_the_diagonal(case, expected, actual):
+    vis = _square_visible(case, actual)
+    return vis is not None and bool((~vis.diagonal(dim1=-2, dim2=-1)).any())
+
+
+SEES_THE_FUTURE = Property(
+    "a causal mask that lets a position see the future (True above the diagonal)",
+    "Row i is the query, column j the key: only j <= i may be True, the lower triangle (tril).",
+    _sees_the_future,
+)
+HIDES_THE_DIAGONAL = Property(
+    "a causal mask that hides the diagonal (a position cannot attend to itself)",
+    "Keep j == i: every token must see itself (row 0 has nothing else), so keep tril's default diagonal=0.",
+    _hides_the_diagonal,
+)
+
 check_make_causal_mask = Checker(
     name="make_causal_mask",
     reference=causal_mask,
@@ -84,6 +163,19 @@ check_make_causal_mask = Checker(
             "Build it with dtype=torch.bool (or call .bool()): masked_fill(~mask, ...) needs booleans.",
             _causal_float,
         ),
+        Mistake(
+            "an additive float mask (0 on and below the diagonal, -inf above), the kind "
+            "torch.nn.Transformer.generate_square_subsequent_mask returns",
+            "This course passes boolean masks, True = may attend, and the attention fills the scores itself: "
+            "return torch.ones(size, size, dtype=torch.bool).tril().",
+            _causal_additive,
+        ),
+    ],
+    properties=[
+        properties.not_a_bool_mask(),
+        MASK_INVERTED,
+        SEES_THE_FUTURE,
+        HIDES_THE_DIAGONAL,
     ],
 )
 
@@ -97,7 +189,8 @@ def _padding_cases() -> list[Case]:
     left_and_middle = torch.tensor([[0, 0, 4, 5, 6], [7, 0, 8, 0, 9]])
     return [
         Case("3 sentences of lengths 5, 3, 1, pad_id 0", (_tokens([5, 3, 1], 5), 0)),
-        Case("pad_id 1 (as in fairseq)", (_tokens([4, 2], 6, pad_id=1), 1)),
+        # Id 0 is a real word here, so a hard-coded 0 and a mask of all True differ.
+        Case("pad_id 1 (as in fairseq), id 0 a real token", (torch.tensor([[0, 5, 6, 7, 1, 1], [8, 0, 1, 1, 1, 1]]), 1)),
         Case("no padding at all", (_tokens([4], 4), 0)),
         Case("padding on the left and in the middle", (left_and_middle, 0), hidden=True),
         Case("pad_id 3, int32 ids", (_tokens([2, 6, 4, 1], 6, pad_id=3).to(torch.int32), 3), hidden=True),
@@ -125,21 +218,76 @@ def _pad_zero(tokens, pad_id):
     return (tokens != 0)[:, None, None, :]
 
 
+def _pad_additive(tokens, pad_id):
+    return torch.zeros(tokens.shape).masked_fill(tokens == pad_id, float("-inf"))[:, None, None, :]
+
+
+def _same_pattern(mask, target):
+    """The learner's mask, flattened, holds the True/False pattern of `target` in either
+    polarity (so an inverted or additive encoding still counts)."""
+    if mask is None or mask.numel() != target.numel():
+        return False
+    flat, want = mask.reshape(-1), target.reshape(-1)
+    return bool(torch.equal(flat, want) or torch.equal(flat, ~want))
+
+
+def _pad_on_query_axis(case, expected, actual):
+    tokens = case.args[0]
+    seq = tokens.shape[-1]
+    return (isinstance(actual, torch.Tensor) and seq > 1 and actual.dim() >= 2
+            and actual.shape[-1] == 1 and actual.shape[-2] == seq)
+
+
+def _pad_other_layout(case, expected, actual):
+    if not isinstance(actual, torch.Tensor) or actual.shape == expected.shape:
+        return False
+    if _pad_on_query_axis(case, expected, actual):
+        return False  # named by its own property
+    return _same_pattern(_visible(actual), expected)
+
+
+def _pad_compared_with_zero(case, expected, actual):
+    tokens, pad_id = case.args
+    if pad_id == 0 or not (tokens == 0).any():
+        return False  # only a case where id 0 is a real word tells the two comparisons apart
+    vis = _visible(actual)
+    return _same_pattern(vis, tokens != 0) and not _same_pattern(vis, tokens != pad_id)
+
+
+PAD_ON_QUERIES = Property(
+    "padding on the query axis: whole rows (padded queries) hidden instead of columns (padded keys)",
+    "The padded tokens must be hidden as *keys*, the last dim, with a 1 on the query axis: "
+    "(tokens != pad_id)[:, None, None, :].",
+    _pad_on_query_axis,
+)
+PAD_OTHER_LAYOUT = Property(
+    "the right True/False pattern in another shape than [batch, 1, 1, seq]",
+    "Keep the keys on the last axis and put 1s on the heads and query axes, so the mask broadcasts over "
+    "both: (tokens != pad_id)[:, None, None, :]. A [batch, seq] mask would line its batch axis up with the queries.",
+    _pad_other_layout,
+)
+PAD_COMPARED_WITH_ZERO = Property(
+    "padding found by comparing with 0 instead of the pad_id argument",
+    "Compare with the argument: tokens != pad_id (vocabularies put padding at 0, 1, or elsewhere).",
+    _pad_compared_with_zero,
+)
+
 check_make_padding_mask = Checker(
     name="make_padding_mask",
     reference=padding_mask,
     make_cases=_padding_cases,
     mistakes=[
         Mistake(
-            "shape [batch, seq]: the mask has no singleton dims for the heads and the queries, "
-            "so it does not broadcast against scores [batch, heads, L_q, L_k]",
+            "shape [batch, seq]: the mask has no singleton dims for the heads and the queries; against "
+            "scores [batch, heads, L_q, L_k] its batch axis lines up with the queries",
             "Add the two singleton dims in the middle: (tokens != pad_id)[:, None, None, :] -> [batch, 1, 1, seq].",
             _pad_2d,
         ),
         Mistake(
-            "shape [batch, 1, seq]: broadcast against [batch, heads, L_q, L_k] the batch dim lines up "
-            "with the heads dim",
-            "Use two singleton dims, not one: (tokens != pad_id)[:, None, None, :] -> [batch, 1, 1, seq].",
+            "shape [batch, 1, seq]: the layout for one head's scores [batch, L_q, L_k] (and MultiHeadAttention "
+            "accepts it: it adds the heads axis itself), but this exercise asks for the per-head layout",
+            "Add the heads axis too: (tokens != pad_id)[:, None, None, :] -> [batch, 1, 1, seq], which also "
+            "broadcasts against per-head scores [batch, heads, L_q, L_k].",
             _pad_3d,
         ),
         Mistake(
@@ -158,6 +306,19 @@ check_make_padding_mask = Checker(
             "Compare with the argument: tokens != pad_id (vocabularies put padding at 0, 1, or elsewhere).",
             _pad_zero,
         ),
+        Mistake(
+            "an additive float mask (0 at real tokens, -inf at padding) instead of a boolean one",
+            "Return booleans, True = may attend: (tokens != pad_id)[:, None, None, :]; the attention fills "
+            "the hidden scores itself.",
+            _pad_additive,
+        ),
+    ],
+    properties=[
+        properties.not_a_bool_mask(),
+        MASK_INVERTED,
+        PAD_ON_QUERIES,
+        PAD_OTHER_LAYOUT,
+        PAD_COMPARED_WITH_ZERO,
     ],
 )
 
@@ -176,10 +337,6 @@ def _combine_cases() -> list[Case]:
         Case("pad_id 2, length 7, int32 ids", (_tokens([7, 1, 5], 7, pad_id=2).to(torch.int32), 2), hidden=True),
         Case("a single token", (_tokens([1, 1], 1), 0), hidden=True),
     ]
-
-
-def _tril(n, device=None):
-    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
 
 
 def _combine_or(tokens, pad_id):
@@ -201,6 +358,53 @@ def _combine_pad_on_queries(tokens, pad_id):
 def _combine_upper(tokens, pad_id):
     n = tokens.shape[-1]
     return torch.ones(n, n, dtype=torch.bool).triu() & (tokens != pad_id)[:, None, None, :]
+
+
+def _combined_visible(case, expected, actual):
+    """The learner's mask as booleans broadcast to the reference's [batch, 1, L, L], or None."""
+    vis = _visible(actual)
+    if vis is None:
+        return None
+    try:
+        return vis.broadcast_to(expected.shape)
+    except RuntimeError:
+        return None
+
+
+def _combined_sees_the_future(case, expected, actual):
+    vis = _combined_visible(case, expected, actual)
+    if vis is None:
+        return False
+    n = vis.shape[-1]
+    return bool((vis & torch.ones(n, n, dtype=torch.bool).triu(1)).any())
+
+
+def _combined_hides_the_diagonal(case, expected, actual):
+    vis = _combined_visible(case, expected, actual)
+    if vis is None:
+        return False
+    diag_e, diag_a = expected.diagonal(dim1=-2, dim2=-1), vis.diagonal(dim1=-2, dim2=-1)
+    return bool((diag_e & ~diag_a).any())  # a real token that cannot see itself
+
+
+def _combined_padding_visible(case, expected, actual):
+    vis = _combined_visible(case, expected, actual)
+    if vis is None:
+        return False
+    tokens, pad_id = case.args
+    padded_key = (tokens == pad_id)[:, None, None, :]  # [batch, 1, 1, L]
+    past = _tril(tokens.shape[-1])  # [L, L]: not a question of the future
+    return bool((vis & padded_key & past).any())
+
+
+def _combined_padded_rows_hidden(case, expected, actual):
+    vis = _combined_visible(case, expected, actual)
+    if vis is None:
+        return False
+    tokens, pad_id = case.args
+    padded_query = (tokens == pad_id)[:, None, :]  # [batch, 1, L]
+    emptied = expected.any(-1) & ~vis.any(-1)  # [batch, 1, L]: rows the reference keeps, the learner empties
+    return bool((emptied & padded_query).any())
 
 
 check_combine_decoder_mask = Checker(
@@ -234,11 +438,217 @@ check_combine_decoder_mask = Checker(
             _combine_upper,
         ),
     ],
+    properties=[
+        properties.not_a_bool_mask(),
+        MASK_INVERTED,
+        Property(
+            "a position that may see the future (True above the diagonal)",
+            "AND with the causal mask, the lower triangle: key j is visible to query i only if j <= i.",
+            _combined_sees_the_future,
+        ),
+        Property(
+            "a real token that may not attend to itself (the diagonal hidden)",
+            "The causal part keeps the diagonal: tril with the default diagonal=0.",
+            _combined_hides_the_diagonal,
+        ),
+        Property(
+            "a padded key left visible",
+            "AND with the padding mask (tokens != pad_id)[:, None, None, :], on the keys (last) axis.",
+            _combined_padding_visible,
+        ),
+        Property(
+            "padded queries hidden as whole rows (padding applied to the queries, not the keys)",
+            "Put the padding on the key axis, [batch, 1, 1, L]; padded queries keep their rows.",
+            _combined_padded_rows_hidden,
+        ),
+    ],
 )
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 4: masked_softmax(scores, mask) -> weights, safe for rows with nothing visible
+# Exercise 4: cross_attention(x, memory, w_q, w_k, w_v, mask) -> (output, weights)
+# ---------------------------------------------------------------------------------------
+
+
+def cross_attention(x, memory, w_q, w_k, w_v, mask=None):
+    """Single-head encoder-decoder attention: queries from the decoder states x, keys and
+    values from the encoder's output (the memory), masked by the source padding.
+
+    x: [batch, T, d_model]; memory: [batch, S, d_model]; w_q, w_k: [d_model, d_k]; w_v: [d_model, d_v].
+    mask: None or bool broadcastable to [batch, T, S] (the source padding mask [batch, 1, S]).
+    Returns (output [batch, T, d_v], weights [batch, T, S]).
+    """
+    q = x @ w_q  # [batch, T, d_k]: what each target position looks for
+    k = memory @ w_k  # [batch, S, d_k]: what each source position offers
+    v = memory @ w_v  # [batch, S, d_v]
+    return scaled_dot_product_attention(q, k, v, mask=mask)
+
+
+def _cross_case(g, name, batch, t, s, d_model, d_k, d_v, lengths=None, dtype=torch.float32,
+                per_query=False, hidden=False):
+    x = randn(g, batch, t, d_model, dtype=dtype)
+    memory = randn(g, batch, s, d_model, dtype=dtype)
+    w_q, w_k = randn(g, d_model, d_k, dtype=dtype), randn(g, d_model, d_k, dtype=dtype)
+    w_v = randn(g, d_model, d_v, dtype=dtype)
+    mask = None
+    if lengths is not None:
+        mask = (_tokens(lengths, s) != 0)[:, None, :]  # [batch, 1, S]: the source padding
+        if per_query:
+            mask = mask & (torch.rand(batch, t, s, generator=g) < 0.7)  # [batch, T, S]
+            mask[..., 0] = True  # every query keeps one key
+    return Case(name, (x, memory, w_q, w_k, w_v, mask), hidden=hidden)
+
+
+def _cross_cases() -> list[Case]:
+    g = seeded(606)
+    return [
+        _cross_case(g, "no padding (mask None), T=5, S=4", 2, 5, 4, 8, 4, 6),
+        _cross_case(g, "source padding mask [2, 1, 4], T=5", 2, 5, 4, 8, 4, 6, lengths=[4, 2]),
+        _cross_case(g, "3 sentences, S=6 > T=3", 3, 3, 6, 6, 3, 5, lengths=[6, 1, 4]),
+        _cross_case(g, "T == S == 4, float64", 2, 4, 4, 8, 2, 3, lengths=[3, 4], dtype=torch.float64, hidden=True),
+        _cross_case(g, "one target position", 2, 1, 5, 4, 4, 4, lengths=[5, 2], hidden=True),
+        _cross_case(g, "a mask [batch, T, S] per query", 2, 4, 6, 8, 4, 8, lengths=[6, 3], per_query=True,
+                    hidden=True),
+        _cross_case(g, "no padding (mask None), T=7, S=3", 1, 7, 3, 8, 8, 2, hidden=True),
+    ]
+
+
+def _ca_no_mask(x, memory, w_q, w_k, w_v, mask=None):
+    return cross_attention(x, memory, w_q, w_k, w_v, mask=None)
+
+
+def _ca_causal(x, memory, w_q, w_k, w_v, mask=None):
+    t, s = x.shape[-2], memory.shape[-2]
+    causal = torch.ones(t, s, dtype=torch.bool).tril()  # [T, S]
+    return cross_attention(x, memory, w_q, w_k, w_v, mask=causal if mask is None else causal & mask)
+
+
+def _ca_no_scale(x, memory, w_q, w_k, w_v, mask=None):
+    q, k, v = x @ w_q, memory @ w_k, memory @ w_v
+    return scaled_dot_product_attention(q, k, v, mask=mask, scale=1.0)
+
+
+def _ca_scale_d_model(x, memory, w_q, w_k, w_v, mask=None):
+    q, k, v = x @ w_q, memory @ w_k, memory @ w_v
+    return scaled_dot_product_attention(q, k, v, mask=mask, scale=x.shape[-1] ** -0.5)
+
+
+def _weights(output):
+    return output[1]
+
+
+def _cross_shapes(case, expected, actual):
+    x, memory = case.args[0], case.args[1]
+    t, s = x.shape[-2], memory.shape[-2]
+    e_w, a_w = expected[1], actual[1]
+    if not (isinstance(a_w, torch.Tensor) and isinstance(e_w, torch.Tensor)):
+        return None
+    return t, s, e_w, a_w, actual[0]
+
+
+def _cross_kv_from_decoder(case, expected, actual):
+    shapes = _cross_shapes(case, expected, actual)
+    if shapes is None:
+        return False
+    t, s, e_w, a_w, a_out = shapes
+    return t != s and a_w.dim() >= 2 and tuple(a_w.shape[-2:]) == (t, t)
+
+
+def _cross_q_from_memory(case, expected, actual):
+    shapes = _cross_shapes(case, expected, actual)
+    if shapes is None:
+        return False
+    t, s, e_w, a_w, a_out = shapes
+    return t != s and a_w.dim() >= 2 and a_w.shape[-2] == s and a_w.shape[-1] != s
+
+
+def _cross_weight_on_hidden(case, expected, actual):
+    shapes = _cross_shapes(case, expected, actual)
+    mask = case.args[5]
+    if shapes is None or mask is None:
+        return False
+    t, s, e_w, a_w, a_out = shapes
+    if a_w.shape != e_w.shape:
+        return False
+    hidden = ~mask.broadcast_to(e_w.shape)  # [batch, T, S]
+    return bool((a_w.double().abs()[hidden] > 1e-6).any())
+
+
+def _cross_causal(case, expected, actual):
+    shapes = _cross_shapes(case, expected, actual)
+    if shapes is None:
+        return False
+    t, s, e_w, a_w, a_out = shapes
+    if a_w.shape != e_w.shape or min(t, s) < 2:
+        return False
+    later = torch.ones(t, s, dtype=torch.bool).triu(1)  # [T, S]: source index after the target index
+    e_later, a_later = e_w.double()[..., later], a_w.double()[..., later]
+    return bool((e_later > 1e-4).any() and (a_later.abs() < 1e-9).all())
+
+
+check_cross_attention = Checker(
+    name="cross_attention",
+    reference=cross_attention,
+    make_cases=_cross_cases,
+    rtol=1e-4,
+    atol=1e-5,
+    mistakes=[
+        Mistake(
+            "the source padding mask ignored: target positions read the padded source tokens",
+            "Pass the mask on to the attention (or fill the hidden scores before the softmax): padded source "
+            "keys must get weight 0.",
+            _ca_no_mask,
+        ),
+        Mistake(
+            "a causal mask in cross-attention: target position i reads only source positions 0..i",
+            "Cross-attention has no causal mask: the whole source sentence exists before decoding starts. "
+            "Use the source padding mask alone.",
+            _ca_causal,
+        ),
+        Mistake(
+            "scores not divided by sqrt(d_k)",
+            "Scale the scores q k^T by 1 / sqrt(d_k), d_k = w_q.shape[-1], before the softmax.",
+            _ca_no_scale,
+        ),
+        Mistake(
+            "scores divided by sqrt(d_model) instead of sqrt(d_k)",
+            "The scale belongs to the size of the vectors compared: d_k = w_q.shape[-1], not x.shape[-1].",
+            _ca_scale_d_model,
+        ),
+    ],
+    properties=[
+        Property(
+            "attention over the decoder's own positions (keys and values taken from x, not from memory)",
+            "Queries come from the decoder (x @ w_q); keys and values from the encoder's output "
+            "(memory @ w_k, memory @ w_v), so the weights are [batch, T, S].",
+            _cross_kv_from_decoder,
+        ),
+        Property(
+            "one row of weights per source position (queries taken from memory: the roles swapped)",
+            "The decoder asks, the encoder answers: q = x @ w_q, k = memory @ w_k, v = memory @ w_v.",
+            _cross_q_from_memory,
+        ),
+        Property(
+            "weight given to source keys the mask hides",
+            "Hide the keys where the mask is False (True = may attend) by filling their *scores* before the "
+            "softmax, e.g. scores.masked_fill(~mask, torch.finfo(scores.dtype).min).",
+            _cross_weight_on_hidden,
+        ),
+        Property(
+            "no weight at all on source positions after the target position (a causal mask in cross-attention)",
+            "Cross-attention has no causal mask: every target position may read the whole (unpadded) source.",
+            _cross_causal,
+        ),
+        properties.rows_do_not_sum_to_one(
+            what="the source keys", select=_weights,
+            fix="Take the softmax over the keys, dim=-1, after the mask is applied to the scores.",
+        ),
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 5: masked_softmax(scores, mask) -> weights, safe for rows with nothing visible
 # ---------------------------------------------------------------------------------------
 
 
@@ -292,6 +702,37 @@ def _ms_inverted(scores, mask):
     return masked_softmax(scores, ~mask)
 
 
+def _ms_layout(case, actual):
+    """(hidden [..., L_q, L_k], has_key [..., L_q]) for a learner's output of the right shape."""
+    scores, mask = case.args
+    if not isinstance(actual, torch.Tensor) or actual.shape != scores.shape or not actual.is_floating_point():
+        return None
+    mask = mask.broadcast_to(scores.shape)
+    return ~mask, mask.any(-1)
+
+
+def _ms_nan(case, expected, actual):
+    return _ms_layout(case, actual) is not None and bool((actual.isnan() & ~expected.isnan()).any())
+
+
+def _ms_weight_on_hidden(case, expected, actual):
+    layout = _ms_layout(case, actual)
+    if layout is None:
+        return False
+    hidden, has_key = layout
+    leaked = (actual.double().abs() > 1e-6) & hidden & has_key[..., None]  # rows that do have a visible key
+    return bool(leaked.any())
+
+
+def _ms_empty_rows_not_zero(case, expected, actual):
+    layout = _ms_layout(case, actual)
+    if layout is None:
+        return False
+    hidden, has_key = layout
+    rows = actual.double()[~has_key]  # [n_empty, L_k]
+    return bool(rows.numel()) and bool((rows.isfinite().all(-1) & (rows.abs() > 1e-6).any(-1)).any())
+
+
 check_masked_softmax = Checker(
     name="masked_softmax",
     reference=masked_softmax,
@@ -328,7 +769,31 @@ check_masked_softmax = Checker(
             _ms_inverted,
         ),
     ],
+    properties=[
+        Property(
+            "NaN where the reference has numbers (a row whose every key is hidden, filled with -inf)",
+            "Fill hidden scores with torch.finfo(scores.dtype).min, a finite number, and zero the rows with no "
+            "visible key afterwards.",
+            _ms_nan,
+        ),
+        Property(
+            "weight given to keys the mask hides",
+            "Hide where the mask is False (True = may attend), and do it on the scores, before the softmax, "
+            "with a fill far below any score: torch.finfo(scores.dtype).min.",
+            _ms_weight_on_hidden,
+        ),
+        properties.rows_do_not_sum_to_one(
+            what="the keys",
+            fix="Mask the scores before the softmax, and take the softmax over the keys, dim=-1.",
+        ),
+        Property(
+            "rows with no visible key that are not all zeros",
+            "A query that may see nothing gets zero weights: weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0).",
+            _ms_empty_rows_not_zero,
+        ),
+    ],
 )
 
 
-CHECKERS = [check_make_causal_mask, check_make_padding_mask, check_combine_decoder_mask, check_masked_softmax]
+CHECKERS = [check_make_causal_mask, check_make_padding_mask, check_combine_decoder_mask, check_cross_attention,
+            check_masked_softmax]

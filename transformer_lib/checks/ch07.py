@@ -1,17 +1,31 @@
-"""Checkers for chapter 07, training and inference: the label-smoothed target distribution,
-the warm-up learning rate (eq. 3 of the paper), the decoder's teacher-forcing inputs and
-top-k filtering for sampling.
+"""Checkers for chapter 07, training and inference: the label-smoothed target distribution and
+the loss over the real tokens, the warm-up learning rate (eq. 3 of the paper), the decoder's
+teacher-forcing inputs, one training step, greedy decoding with the encoder run once and a
+key/value cache, and top-k filtering for sampling.
+
+The training-step and decoding checkers run the learner's function on tiny seeded models that
+the checker builds itself (in `invoke`), and return what can be compared outside the learner's
+process: losses and a few parameter tensors after two steps; tokens and counts of the work done
+(encoder runs, decoder runs, positions fed to the decoder).
 
 References are the library's (transformer_lib.training, transformer_lib.decoding); each
 checker knows the wrong answers learners often write, so a failure can name what went wrong.
 """
 
+import re
+import warnings
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 
-from transformer_lib.decoding import top_k_filter
-from transformer_lib.training import label_smoothed_targets, make_teacher_forcing_batch, noam_rate
+from transformer_lib.decoding import greedy_decode, top_k_filter
+from transformer_lib.layers import EncoderDecoder, TransformerConfig
+from transformer_lib.masks import causal_mask, padding_mask
+from transformer_lib.training import (LabelSmoothingLoss, Seq2SeqBatch, label_smoothed_loss, label_smoothed_targets,
+                                      make_teacher_forcing_batch, noam_rate, noam_scheduler, prepare_batch, train_step)
 
-from .core import Case, Checker, Mistake, seeded
+from .core import Case, Checker, Mistake, Property, describe_difference, randn, seeded
 
 
 # ---------------------------------------------------------------------------------------
@@ -369,3 +383,659 @@ check_top_k_filter = Checker(
 
 
 CHECKERS = [check_label_smoothed_targets, check_noam_learning_rate, check_teacher_forcing_inputs, check_top_k_filter]
+
+
+# ---------------------------------------------------------------------------------------
+# Tiny seeded models: the training-step and decoding checkers build one per case
+# ---------------------------------------------------------------------------------------
+
+TINY_VOCAB = 10  # <pad> 0, <bos> 1, <eos> 2 (unless a case says otherwise), tokens 3..9
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """Which tiny encoder-decoder a case runs on. The checker builds it (seeded, float64,
+    no dropout), so the learner's kernel and the grader build exactly the same weights."""
+
+    seed: int
+    layers: int = 2
+
+    def __repr__(self) -> str:
+        return f"tiny model #{self.seed} ({self.layers} layers)"
+
+    def build(self) -> EncoderDecoder:
+        config = TransformerConfig(src_vocab=TINY_VOCAB, tgt_vocab=TINY_VOCAB, d_model=16, n_heads=2, d_ff=32,
+                                   n_layers=self.layers, dropout=0.0, max_len=32)
+        # A forked RNG: building the model must not move the notebook's own random state.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            model = EncoderDecoder(config)
+        return model.double()
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 5: label_smoothed_loss(log_probs, target, smoothing, pad_id) -> scalar tensor
+# ---------------------------------------------------------------------------------------
+
+
+def _log_probs(g, *shape, dtype=torch.float32):
+    return torch.log_softmax(randn(g, *shape, dtype=torch.float64, scale=2.0), dim=-1).to(dtype)
+
+
+def _loss_cases() -> list[Case]:
+    g = seeded(705)
+    batch_target = torch.randint(1, 7, (2, 5), generator=g)  # [2, 5]
+    batch_target[0, 3:] = 0  # the first sentence is shorter: two padded positions
+    pad_last = torch.tensor([[5, 1, 2, 3], [2, 3, 5, 5]])  # pad id 5 (the last class)
+    long_target = torch.randint(1, 9, (3, 6), generator=g)  # [3, 6]
+    long_target[1, 2:] = 0
+    long_target[2, 5:] = 0
+    return [
+        Case("one sentence of 4, two padded, V = 6", (_log_probs(g, 4, 6), torch.tensor([3, 1, 0, 0]), 0.2, 0)),
+        Case("batch of 2 sentences, V = 7", (_log_probs(g, 2, 5, 7), batch_target, 0.1, 0)),
+        Case("pad id 5, float64", (_log_probs(g, 2, 4, 6, dtype=torch.float64), pad_last, 0.3, 5)),
+        Case("no smoothing", (_log_probs(g, 2, 5, 7), batch_target.flip(1), 0.0, 0), hidden=True),
+        Case("mostly padding, V = 9", (_log_probs(g, 3, 6, 9), long_target, 0.15, 0), hidden=True),
+        Case("no padding at all", (_log_probs(g, 2, 3, 5, dtype=torch.float64), torch.tensor([[1, 2, 3], [4, 3, 2]]),
+                                   0.25, 0), hidden=True),
+    ]
+
+
+def _per_position(log_probs, target, smoothing, pad_id):
+    q = label_smoothed_targets(target, log_probs.shape[-1], smoothing, pad_id, log_probs.dtype)  # [..., V]
+    return q, -(q * log_probs).sum(-1)  # [...]
+
+
+def _loss_mean_with_pad(log_probs, target, smoothing, pad_id):
+    return _per_position(log_probs, target, smoothing, pad_id)[1].mean()
+
+
+def _loss_summed(log_probs, target, smoothing, pad_id):
+    return _per_position(log_probs, target, smoothing, pad_id)[1].sum()
+
+
+def _loss_sign_flipped(log_probs, target, smoothing, pad_id):
+    return -label_smoothed_loss(log_probs, target, smoothing, pad_id)
+
+
+def _loss_mean_over_vocab(log_probs, target, smoothing, pad_id):
+    return label_smoothed_loss(log_probs, target, smoothing, pad_id) / log_probs.shape[-1]
+
+
+def _loss_kl(log_probs, target, smoothing, pad_id):
+    q, per_position = _per_position(log_probs, target, smoothing, pad_id)
+    entropy = -torch.where(q > 0, q * q.log(), 0.0).sum(-1)  # [...]
+    return (per_position - entropy).sum() / (target != pad_id).sum()
+
+
+def _loss_unsmoothed(log_probs, target, smoothing, pad_id):
+    return F.nll_loss(log_probs.reshape(-1, log_probs.shape[-1]), target.reshape(-1), ignore_index=pad_id)
+
+
+def _loss_torch_smoothing(log_probs, target, smoothing, pad_id):
+    return F.cross_entropy(log_probs.reshape(-1, log_probs.shape[-1]), target.reshape(-1), ignore_index=pad_id,
+                           label_smoothing=smoothing)
+
+
+def _negative_loss(case, expected, actual):
+    return float(expected) > 0 and float(actual) < 0
+
+
+check_label_smoothed_loss = Checker(
+    name="label_smoothed_loss",
+    reference=label_smoothed_loss,
+    make_cases=_loss_cases,
+    mistakes=[
+        Mistake(
+            "averaged over every position, padded ones included (padding dilutes the loss)",
+            "Divide the sum over positions by the number of real target tokens, (target != pad_id).sum(), "
+            "not by target.numel(): a padded position is not a token.",
+            _loss_mean_with_pad,
+        ),
+        Mistake(
+            "summed over the positions instead of averaged",
+            "Divide the sum by the number of real target tokens, (target != pad_id).sum(), so the loss does not "
+            "grow with the batch size.",
+            _loss_summed,
+        ),
+        Mistake(
+            "the sign flipped: sum of q * log p without the minus",
+            "The cross-entropy is -sum_v q_v log p_v: log-probabilities are negative, the loss is positive.",
+            _loss_sign_flipped,
+        ),
+        Mistake(
+            "averaged over the vocabulary as well (mean instead of sum over the last dim)",
+            "Sum q * log p over the vocabulary (dim=-1); average only over the real target positions.",
+            _loss_mean_over_vocab,
+        ),
+        Mistake(
+            "the KL divergence KL(q || p) instead of the cross-entropy H(q, p)",
+            "This exercise asks for H(q, p) = -sum_v q_v log p_v; the KL divergence subtracts the constant H(q) "
+            "(same gradients, different value).",
+            _loss_kl,
+        ),
+        Mistake(
+            "smoothing ignored: the plain cross-entropy of the gold token",
+            "Use the smoothed distribution q = label_smoothed_targets(target, V, smoothing, pad_id), "
+            "not the one-hot target.",
+            _loss_unsmoothed,
+        ),
+        Mistake(
+            "PyTorch's label_smoothing= (smoothing / V over every class, <pad> and the gold one included)",
+            "Build q with label_smoothed_targets: 1 - smoothing on the gold token, 0 on <pad>, smoothing / (V - 2) "
+            "on the others.",
+            _loss_torch_smoothing,
+        ),
+    ],
+    properties=[
+        Property("a negative loss", "A cross-entropy is never negative: -sum_v q_v log p_v, with the minus sign.",
+                 _negative_loss),
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 6: train_step(model, batch, loss_fn, optimizer, scheduler, max_norm) -> float
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """Two training steps on a tiny model: which model, optimiser, and clipping threshold."""
+
+    model: TinyModel
+    optimizer: str = "sgd"  # "sgd" (with momentum) or "adam"
+    max_norm: float = 0.5
+
+    def __repr__(self) -> str:
+        return f"{self.model!r}, {self.optimizer}, max_norm={self.max_norm}"
+
+
+def _tiny_batches(seed: int) -> list[Seq2SeqBatch]:
+    """Two padded (src, tgt) batches of the tiny vocabulary, as prepare_batch makes them."""
+    g = seeded(seed)
+    batches = []
+    for _ in range(2):
+        src = torch.randint(3, TINY_VOCAB, (4, 6), generator=g)  # [4, 6]
+        src[1, 4:], src[3, 2:] = 0, 0
+        tgt = torch.randint(3, TINY_VOCAB, (4, 5), generator=g)  # [4, 5]
+        lengths = torch.tensor([5, 3, 4, 2])
+        tgt[torch.arange(4), lengths - 1] = 2  # <eos> ends each target
+        tgt[torch.arange(5) >= lengths[:, None]] = 0  # then <pad>
+        batches.append(prepare_batch(src, tgt, bos_id=1, pad_id=0))
+    return batches
+
+
+_DIGEST = ("generator.proj.bias", "decoder.layers.0.self_attn.w_q.bias")
+
+
+def _digest(model) -> dict:
+    params = dict(model.named_parameters())
+    return {name: params[name].detach().clone() for name in _DIGEST}
+
+
+def _training_setup(run: TrainingRun):
+    model = run.model.build()
+    if run.optimizer == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.9)
+    else:
+        optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    # A warm-up schedule: the rate changes at every step, so a missed scheduler step shows.
+    scheduler = noam_scheduler(optimizer, d_model=16, warmup=4, factor=2.0)
+    loss_fn = LabelSmoothingLoss(TINY_VOCAB, padding_idx=0, smoothing=0.1)
+    return model, optimizer, scheduler, loss_fn
+
+
+def _invoke_train_step(fn, case: Case):
+    run = case.args[0]
+    model, optimizer, scheduler, loss_fn = _training_setup(run)
+    out = {}
+    # Checkers run under no_grad; a training step needs gradients. PyTorch's warning about the
+    # scheduler stepped first would otherwise print whenever that catalogued mistake is tried.
+    with torch.enable_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))
+        for step, batch in enumerate(_tiny_batches(700 + run.model.seed), start=1):
+            loss = fn(model, batch, loss_fn, optimizer, scheduler, run.max_norm)
+            out[f"loss of step {step}"] = loss.detach() if isinstance(loss, torch.Tensor) else loss
+            out[f"parameters after step {step}"] = _digest(model)
+    out["learning rate after step 2"] = optimizer.param_groups[0]["lr"]
+    return out
+
+
+def _train_cases() -> list[Case]:
+    return [
+        Case("two SGD steps, clipping at 0.5", (TrainingRun(TinyModel(1)),)),
+        Case("two SGD steps, another model", (TrainingRun(TinyModel(2, layers=1), max_norm=0.2),)),
+        Case("two Adam steps", (TrainingRun(TinyModel(3), "adam", 1.0),), hidden=True),
+        Case("two SGD steps, clipping at 0.05", (TrainingRun(TinyModel(4), max_norm=0.05),), hidden=True),
+    ]
+
+
+def _step_no_zero_grad(model, batch, loss_fn, optimizer, scheduler, max_norm):
+    loss = loss_fn(model(batch.src, batch.decoder_input, batch.src_mask, batch.tgt_mask), batch.target)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    scheduler.step()
+    return loss.item()
+
+
+def _step_clip_after_step(model, batch, loss_fn, optimizer, scheduler, max_norm):
+    optimizer.zero_grad()
+    loss = loss_fn(model(batch.src, batch.decoder_input, batch.src_mask, batch.tgt_mask), batch.target)
+    loss.backward()
+    optimizer.step()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scheduler.step()
+    return loss.item()
+
+
+def _step_no_scheduler(model, batch, loss_fn, optimizer, scheduler, max_norm):
+    optimizer.zero_grad()
+    loss = loss_fn(model(batch.src, batch.decoder_input, batch.src_mask, batch.tgt_mask), batch.target)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    return loss.item()
+
+
+def _step_scheduler_first(model, batch, loss_fn, optimizer, scheduler, max_norm):
+    optimizer.zero_grad()
+    loss = loss_fn(model(batch.src, batch.decoder_input, batch.src_mask, batch.tgt_mask), batch.target)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scheduler.step()
+    optimizer.step()
+    return loss.item()
+
+
+def _step_not_shifted(model, batch, loss_fn, optimizer, scheduler, max_norm):
+    optimizer.zero_grad()
+    loss = loss_fn(model(batch.src, batch.target, batch.src_mask, batch.tgt_mask), batch.target)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    scheduler.step()
+    return loss.item()
+
+
+def _step_no_tgt_mask(model, batch, loss_fn, optimizer, scheduler, max_norm):
+    optimizer.zero_grad()
+    loss = loss_fn(model(batch.src, batch.decoder_input, batch.src_mask), batch.target)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    scheduler.step()
+    return loss.item()
+
+
+def _step_zero_grad_before_step(model, batch, loss_fn, optimizer, scheduler, max_norm):
+    loss = loss_fn(model(batch.src, batch.decoder_input, batch.src_mask, batch.tgt_mask), batch.target)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.zero_grad()
+    optimizer.step()
+    scheduler.step()
+    return loss.item()
+
+
+def _params_never_moved(case, expected, actual):
+    initial = _digest(case.args[0].model.build())
+    after = actual["parameters after step 2"]
+    return all(torch.equal(initial[name], after[name]) for name in _DIGEST)
+
+
+def _first_step_right_second_wrong(case, expected, actual):
+    first_ok = describe_difference(expected["parameters after step 1"], actual["parameters after step 1"]) is None
+    second_ok = describe_difference(expected["parameters after step 2"], actual["parameters after step 2"]) is None
+    return first_ok and not second_ok
+
+
+def _loss_right_update_wrong(case, expected, actual):
+    loss_ok = describe_difference(expected["loss of step 1"], actual["loss of step 1"]) is None
+    params_ok = describe_difference(expected["parameters after step 1"], actual["parameters after step 1"]) is None
+    return loss_ok and not params_ok
+
+
+check_train_step = Checker(
+    name="train_step",
+    reference=train_step,
+    make_cases=_train_cases,
+    invoke=_invoke_train_step,
+    mistakes=[
+        Mistake(
+            "no optimizer.zero_grad(): the second step's gradients are added to the first step's",
+            "PyTorch accumulates gradients in .grad: call optimizer.zero_grad() at the start of every step.",
+            _step_no_zero_grad,
+        ),
+        Mistake(
+            "the gradient clipped after optimizer.step() (so the step used the unclipped gradient)",
+            "Clip between loss.backward() and optimizer.step(): "
+            "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).",
+            _step_clip_after_step,
+        ),
+        Mistake(
+            "the scheduler never stepped: the learning rate stays at its first value",
+            "Call scheduler.step() once per training step, after optimizer.step().",
+            _step_no_scheduler,
+        ),
+        Mistake(
+            "scheduler.step() called before optimizer.step(): every step uses the next step's learning rate",
+            "Step the optimizer first, then the scheduler: scheduler.step() sets the rate for the next step.",
+            _step_scheduler_first,
+        ),
+        Mistake(
+            "the decoder reads the target instead of the shifted input (it sees the token it must predict)",
+            "Feed batch.decoder_input (<bos> + the target shifted right) to the model and compare its output "
+            "with batch.target.",
+            _step_not_shifted,
+        ),
+        Mistake(
+            "the decoder's mask not passed: every position sees the future tokens",
+            "Call model(batch.src, batch.decoder_input, batch.src_mask, batch.tgt_mask): tgt_mask is the causal "
+            "and padding mask.",
+            _step_no_tgt_mask,
+        ),
+        Mistake(
+            "optimizer.zero_grad() between loss.backward() and optimizer.step(): the gradients are erased "
+            "before they are used",
+            "Clear the gradients at the start of the step, before the forward pass, never between backward() "
+            "and step().",
+            _step_zero_grad_before_step,
+        ),
+    ],
+    properties=[
+        Property(
+            "parameters that never changed",
+            "The step must update the weights: loss.backward() fills .grad, optimizer.step() uses it; nothing "
+            "may clear the gradients in between.",
+            _params_never_moved,
+        ),
+        Property(
+            "a first step that matches and a second that does not",
+            "Something carries over wrongly from one step to the next: clear the old gradients "
+            "(optimizer.zero_grad()) and step the scheduler once per step, after the optimizer.",
+            _first_step_right_second_wrong,
+        ),
+        Property(
+            "the right loss but the wrong update",
+            "The forward pass and the loss are right; check the order: zero_grad, forward, loss, backward, "
+            "clip_grad_norm_, optimizer.step(), scheduler.step().",
+            _loss_right_update_wrong,
+        ),
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 7: greedy_decode(model, src, src_mask, max_len, bos_id, eos_id) with a KV cache
+# ---------------------------------------------------------------------------------------
+
+
+class _WorkCounter:
+    """Counts, with forward hooks on a real model, how often the encoder runs, how often the
+    decoder runs, and how many token positions it is fed in all."""
+
+    def __init__(self, model):
+        self.counts = {"encoder runs": 0, "decoder runs": 0, "positions fed to the decoder": 0}
+        self.hooks = [model.encoder.register_forward_hook(self._encoder),
+                      model.decoder.register_forward_pre_hook(self._decoder)]
+
+    def _encoder(self, module, args, output):
+        self.counts["encoder runs"] += 1
+
+    def _decoder(self, module, args):
+        self.counts["decoder runs"] += 1
+        self.counts["positions fed to the decoder"] += args[0].shape[1]  # x: [batch, new positions, d_model]
+
+    def remove(self):
+        for hook in self.hooks:
+            hook.remove()
+
+
+def _invoke_decode(fn, case: Case):
+    tiny, *rest = case.args
+    model = tiny.build().eval()
+    counter = _WorkCounter(model)
+    try:
+        tokens = fn(model, *rest, **case.kwargs)
+    finally:
+        counter.remove()
+    return tokens, counter.counts
+
+
+def _decode_cases() -> list[Case]:
+    cases = []
+    for name, seed, layers, batch, max_len, eos, hidden in _DECODE_CASES:
+        g = seeded(1000 + 10 * seed + batch)
+        src = torch.randint(3, TINY_VOCAB, (batch, 6), generator=g)  # [batch, 6]
+        if batch > 1:
+            src[1, 4:] = 0  # the second sentence is shorter: two padded positions
+        cases.append(Case(name, (TinyModel(seed, layers), src, padding_mask(src, 0), max_len, 1, eos), hidden=hidden))
+    return cases
+
+
+# (name, model seed, layers, batch, max_len, eos id, hidden). An untrained model writes some
+# tokens more than others; the eos id decides where each row stops. These are chosen so that
+# rows stop at different steps, some before max_len and some never.
+_DECODE_CASES = [
+    ("3 sentences, finished after 4, 2 and 3 tokens", 11, 2, 3, 7, 8, False),
+    ("4 sentences, the first never finishes", 12, 1, 4, 5, 5, False),
+    ("4 sentences, finished after 1, 2, 3 and 6 tokens", 21, 2, 4, 7, 7, True),
+    ("4 sentences, 1 layer", 14, 1, 4, 7, 4, True),
+    ("one sentence", 5, 2, 1, 6, 3, True),
+]
+
+
+def _decode_rerun_encoder(model, src, src_mask, max_len, bos_id, eos_id):
+    cache = model.new_cache()
+    tokens = torch.full((src.shape[0], 1), bos_id, dtype=torch.long)
+    finished = torch.zeros(src.shape[0], dtype=torch.bool)
+    for _ in range(max_len):
+        memory = model.encode(src, src_mask)
+        hidden = model.decode(memory, src_mask, tokens[:, -1:], cache=cache)
+        next_token = model.generator(hidden[:, -1]).argmax(-1).masked_fill(finished, eos_id)
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        finished |= next_token == eos_id
+        if finished.all():
+            break
+    return tokens
+
+
+def _decode_no_cache(model, src, src_mask, max_len, bos_id, eos_id):
+    memory = model.encode(src, src_mask)
+    tokens = torch.full((src.shape[0], 1), bos_id, dtype=torch.long)
+    finished = torch.zeros(src.shape[0], dtype=torch.bool)
+    for _ in range(max_len):
+        hidden = model.decode(memory, src_mask, tokens, causal_mask(tokens.shape[1]))
+        next_token = model.generator(hidden[:, -1]).argmax(-1).masked_fill(finished, eos_id)
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        finished |= next_token == eos_id
+        if finished.all():
+            break
+    return tokens
+
+
+def _decode_full_model(model, src, src_mask, max_len, bos_id, eos_id):
+    tokens = torch.full((src.shape[0], 1), bos_id, dtype=torch.long)
+    finished = torch.zeros(src.shape[0], dtype=torch.bool)
+    for _ in range(max_len):
+        log_probs = model(src, tokens, src_mask, causal_mask(tokens.shape[1]))  # [batch, t, V]
+        next_token = log_probs[:, -1].argmax(-1).masked_fill(finished, eos_id)
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        finished |= next_token == eos_id
+        if finished.all():
+            break
+    return tokens
+
+
+def _decode_prefix_with_cache(model, src, src_mask, max_len, bos_id, eos_id):
+    memory = model.encode(src, src_mask)
+    cache = model.new_cache()
+    tokens = torch.full((src.shape[0], 1), bos_id, dtype=torch.long)
+    finished = torch.zeros(src.shape[0], dtype=torch.bool)
+    for _ in range(max_len):
+        hidden = model.decode(memory, src_mask, tokens, cache=cache)  # the whole prefix, on top of the cache
+        next_token = model.generator(hidden[:, -1]).argmax(-1).masked_fill(finished, eos_id)
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        finished |= next_token == eos_id
+        if finished.all():
+            break
+    return tokens
+
+
+def _decode_after_eos(model, src, src_mask, max_len, bos_id, eos_id):
+    memory = model.encode(src, src_mask)
+    cache = model.new_cache()
+    tokens = torch.full((src.shape[0], 1), bos_id, dtype=torch.long)
+    finished = torch.zeros(src.shape[0], dtype=torch.bool)
+    for _ in range(max_len):
+        hidden = model.decode(memory, src_mask, tokens[:, -1:], cache=cache)
+        next_token = model.generator(hidden[:, -1]).argmax(-1)  # finished rows go on writing
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        finished |= next_token == eos_id
+        if finished.all():
+            break
+    return tokens
+
+
+def _decode_one_late(model, src, src_mask, max_len, bos_id, eos_id):
+    memory = model.encode(src, src_mask)
+    cache = model.new_cache()
+    tokens = torch.full((src.shape[0], 1), bos_id, dtype=torch.long)
+    for _ in range(max_len):
+        finished = (tokens == eos_id).any(dim=1)  # looked at before this step's token exists
+        hidden = model.decode(memory, src_mask, tokens[:, -1:], cache=cache)
+        next_token = model.generator(hidden[:, -1]).argmax(-1).masked_fill(finished, eos_id)
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        if finished.all():
+            break
+    return tokens
+
+
+def _decode_never_stops(model, src, src_mask, max_len, bos_id, eos_id):
+    memory = model.encode(src, src_mask)
+    cache = model.new_cache()
+    tokens = torch.full((src.shape[0], 1), bos_id, dtype=torch.long)
+    finished = torch.zeros(src.shape[0], dtype=torch.bool)
+    for _ in range(max_len):
+        hidden = model.decode(memory, src_mask, tokens[:, -1:], cache=cache)
+        next_token = model.generator(hidden[:, -1]).argmax(-1).masked_fill(finished, eos_id)
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        finished |= next_token == eos_id
+    return tokens
+
+
+def _decode_argmax_positions(model, src, src_mask, max_len, bos_id, eos_id):
+    memory = model.encode(src, src_mask)
+    cache = model.new_cache()
+    tokens = torch.full((src.shape[0], 1), bos_id, dtype=torch.long)
+    finished = torch.zeros(src.shape[0], dtype=torch.bool)
+    for _ in range(max_len):
+        log_probs = model.generator(model.decode(memory, src_mask, tokens[:, -1:], cache=cache))  # [batch, 1, V]
+        next_token = log_probs.argmax(dim=1)[:, -1].masked_fill(finished, eos_id)  # over the positions
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        finished |= next_token == eos_id
+        if finished.all():
+            break
+    return tokens
+
+
+def _decode_without_bos(model, src, src_mask, max_len, bos_id, eos_id):
+    return greedy_decode(model, src, src_mask, max_len, bos_id, eos_id)[:, 1:]
+
+
+def _encoder_ran_again(case, expected, actual):
+    return actual[1]["encoder runs"] > 1
+
+
+def _prefix_re_decoded(case, expected, actual):
+    counts = actual[1]
+    return counts["positions fed to the decoder"] > counts["decoder runs"]
+
+
+def _tokens_after_eos(case, expected, actual):
+    tokens, eos_id = actual[0], case.args[5]
+    is_eos = tokens == eos_id
+    after = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0  # strictly after a row's first eos
+    return bool((after & ~is_eos).any())
+
+
+def _no_bos_first(case, expected, actual):
+    tokens, bos_id = actual[0], case.args[4]
+    return bool((tokens[:, 0] != bos_id).any())
+
+
+check_greedy_decode = Checker(
+    name="greedy_decode",
+    reference=greedy_decode,
+    make_cases=_decode_cases,
+    invoke=_invoke_decode,
+    mistakes=[
+        Mistake(
+            "the encoder re-run at every step",
+            "The source does not change while you decode: compute memory = model.encode(src, src_mask) once, "
+            "before the loop.",
+            _decode_rerun_encoder,
+        ),
+        Mistake(
+            "no cache: the whole prefix re-decoded at every step",
+            "Make cache = model.new_cache() before the loop and feed only the newest token, "
+            "model.decode(memory, src_mask, tokens[:, -1:], cache=cache).",
+            _decode_no_cache,
+        ),
+        Mistake(
+            "the full model called at every step (source re-encoded and prefix re-decoded)",
+            "Encode once before the loop, then call model.decode on the newest token with a cache "
+            "and model.generator on its output.",
+            _decode_full_model,
+        ),
+        Mistake(
+            "the whole prefix fed on top of the cache (its keys and values are cached twice)",
+            "With a cache, feed only the newest token, tokens[:, -1:]: the earlier ones are already in the cache.",
+            _decode_prefix_with_cache,
+        ),
+        Mistake(
+            "finished sequences keep generating after their <eos>",
+            "Keep a `finished` flag per row and replace the next token of finished rows by eos_id: "
+            "next_token.masked_fill(finished, eos_id).",
+            _decode_after_eos,
+        ),
+        Mistake(
+            "stops one step late: `finished` is computed before the newest token is added",
+            "Update finished with the token just chosen, finished |= next_token == eos_id, and stop as soon "
+            "as finished.all().",
+            _decode_one_late,
+        ),
+        Mistake(
+            "never stops early: always max_len steps, even when every sequence has finished",
+            "Break out of the loop as soon as every row has produced eos_id: if finished.all(): break.",
+            _decode_never_stops,
+        ),
+        Mistake(
+            "argmax over the positions (dim=1) instead of over the vocabulary",
+            "The generator's output is [batch, 1, V]: take the argmax over the vocabulary, dim=-1, "
+            "at the last position.",
+            _decode_argmax_positions,
+        ),
+        Mistake(
+            "the output does not start with <bos>",
+            "Return the whole token tensor, <bos> first: [batch, 1 + steps].",
+            _decode_without_bos,
+        ),
+    ],
+    properties=[
+        Property("an encoder that ran more than once",
+                 "Encode the source once, before the loop, and reuse the memory at every step.", _encoder_ran_again),
+        Property("more positions fed to the decoder than decoding steps",
+                 "With a cache, feed only the newest token at every step, tokens[:, -1:].", _prefix_re_decoded),
+        Property("tokens other than <eos> after a sequence's <eos>",
+                 "A finished row writes eos_id from then on: next_token.masked_fill(finished, eos_id).",
+                 _tokens_after_eos),
+        Property("an output that does not start with <bos>",
+                 "Start from a column of bos_id and return every token, <bos> included.", _no_bos_first),
+    ],
+)
+
+
+CHECKERS += [check_label_smoothed_loss, check_train_step, check_greedy_decode]

@@ -12,6 +12,20 @@ In a notebook both happen in the learner's kernel (`checker(fn)`) for instant fe
 The grader runs the learner's code in a separate, locked-down process that only calls
 `collect_outputs` and writes the outputs to a file; it then calls `judge` in its own
 process, where nothing the learner wrote can patch the comparison.
+
+A catalogue entry recognises one mistake by reproducing it exactly. Learners often make
+two at once (softmax over the wrong dim *and* without the max subtracted), and then no
+single entry matches. **Properties** catch those: a property names an error from a trait of
+the output alone (rows that do not sum to one, NaN only on large inputs, a transposed
+result, the input's shape permuted), so a failure is still diagnosed in the learner's terms.
+
+The notebook side has three more pieces, so that a chapter runs straight through:
+
+* every check records its verdict (`RESULTS`), keyed by the function it judged;
+* `yours_or_reference(fn, checker)` hands later cells the learner's function when it
+  passes and the reference otherwise, and says which in one line. The learner's own
+  name is never rebound, so re-running a test cell always tests what the learner wrote;
+* `exercise_summary(*checkers)` prints which exercises of the chapter pass.
 """
 
 from __future__ import annotations
@@ -61,6 +75,20 @@ class Mistake:
 
     def message(self, checker_name: str) -> str:
         return f"{checker_name}: looks like {self.name}. {self.fix}"
+
+
+@dataclasses.dataclass
+class Property:
+    """An error recognised from a trait of the output, not from one exact wrong answer.
+
+    `seen(case, expected, actual)` is True when the learner's output `actual` for `case`
+    shows the trait (the reference's output is `expected`). It runs only on outputs that
+    already failed, so it never has to prove an answer right; an exception inside it
+    counts as "not seen"."""
+
+    name: str  # the trait, in the learner's terms: "weights that do not sum to 1 over the keys"
+    fix: str
+    seen: Callable[[Case, Any, Any], bool]
 
 
 @dataclasses.dataclass
@@ -205,6 +233,15 @@ class Checker:
     atol: float = 1e-6
     # How to call the function under test on a case; exercises on classes override it.
     invoke: Callable[[Callable, Case], Any] | None = None
+    properties: list[Property] = dataclasses.field(default_factory=list)
+    # What later cells use when the learner's answer does not pass (default: `reference`);
+    # set it when the reference has a different name or signature than the exercise.
+    fallback: Callable | None = None
+    # APIs an answer to this exercise may not call, as dotted names ("torch.softmax",
+    # "torch.nn.functional.softmax", "torch.Tensor.softmax" for the method, "aten._softmax" for
+    # the operator whatever the entry point). The grader flags an answer that calls one; the
+    # notebook's own check ignores the list.
+    forbidden: tuple[str, ...] = ()
 
     # -- running (may happen in the learner's process) --------------------------------
 
@@ -261,19 +298,155 @@ class Checker:
         for mistake in self.mistakes:
             if self._outputs_match(self.collect_outputs(mistake.implementation, hidden), outputs):
                 return Verdict(False, mistake.message(self.name), mistake.name)
+        seen = self._properties_seen(cases, expected, outputs)
+        if seen:
+            names = "; and ".join(p.name for p in seen)
+            fixes = " ".join(p.fix for p in seen)
+            return Verdict(False, f"{self.name}: your output shows {names}. {fixes}", seen[0].name)
         case, diff = first_failure
         return Verdict(False, f"{self.name}: {case.describe()}: {diff}")
 
+    def _properties_seen(self, cases, expected, outputs) -> list[Property]:
+        seen = []
+        for prop in self.properties:
+            for case, e, a in zip(cases, expected, outputs):
+                if _is_error(a) or _is_error(e):
+                    continue
+                try:
+                    hit = bool(prop.seen(case, e, a))
+                except Exception:
+                    hit = False
+                if hit:
+                    seen.append(prop)
+                    break
+        return seen
+
     # -- the notebook entry point ------------------------------------------------------
 
-    def __call__(self, fn: Callable, hidden: bool = False) -> None:
+    def verdict_for(self, fn: Callable, hidden: bool = False) -> Verdict:
+        """Run and judge in this process (the notebook's path), and record the verdict."""
         if not callable(fn):
-            raise CheckFailed(f"{self.name}: expected your function, got {_type_name(fn)}")
-        verdict = self.judge(self.collect_outputs(fn, hidden), hidden)
+            verdict = Verdict(False, f"{self.name}: expected your function, got {_type_name(fn)}")
+        else:
+            verdict = self.judge(self.collect_outputs(fn, hidden), hidden)
+        RESULTS[self.name] = (fn, verdict)
+        return verdict
+
+    def __call__(self, fn: Callable, hidden: bool = False) -> None:
+        verdict = self.verdict_for(fn, hidden)
         if not verdict.passed:
             raise CheckFailed(verdict.message)
         print(f"\u2713 {verdict.message}")
 
 
+# -- the notebook's bookkeeping: which answer later cells use, and the chapter summary -------
+
+# exercise name -> (the function last checked, its verdict). Only the learner's kernel
+# writes it; the grader never reads it.
+RESULTS: dict[str, tuple[Any, Verdict]] = {}
+
+
+def yours_or_reference(fn: Callable, checker: Checker):
+    """The learner's `fn` if it passes `checker`'s visible cases, else the reference.
+
+    Says which in one line. A verdict recorded for this very function object (by its test
+    cell) is reused; otherwise the check runs now, silently. Never raises for a wrong or
+    unfinished answer: the chapter goes on with the reference."""
+    recorded = RESULTS.get(checker.name)
+    if recorded is not None and recorded[0] is fn:
+        verdict = recorded[1]
+    else:
+        verdict = checker.verdict_for(fn)
+    name = getattr(fn, "__name__", checker.name)
+    if verdict.passed:
+        print(f"using your `{name}`")
+        return fn
+    print(f"your `{name}` does not pass its check yet: using the reference")
+    return checker.fallback if checker.fallback is not None else checker.reference
+
+
+def exercise_summary(*checkers: Checker) -> None:
+    """Print, for each exercise of a chapter, whether its last check passed."""
+    passed = [c for c in checkers if c.name in RESULTS and RESULTS[c.name][1].passed]
+    print(f"Exercises passing: {len(passed)} of {len(checkers)}")
+    for checker in checkers:
+        if checker.name not in RESULTS:
+            print(f"  \u00b7 {checker.name}: not checked yet (run its test cell)")
+        elif RESULTS[checker.name][1].passed:
+            print(f"  \u2713 {checker.name}")
+        else:
+            message = RESULTS[checker.name][1].message.removeprefix(f"{checker.name}: ")
+            first_sentence = message.split(". ")[0].rstrip(".")
+            print(f"  \u2717 {checker.name}: {first_sentence}")
+
+
 def _is_error(output) -> bool:
     return isinstance(output, dict) and output.get("__type__") == "error"
+
+
+# -- reading outputs back from a process the learner's code ran in ---------------------------
+
+PLAIN_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                          torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128})
+
+
+def validate_outputs(outputs, n_cases: int, max_elements: int = 20_000_000, max_items: int = 200_000,
+                     max_depth: int = 12, max_string: int = 20_000) -> str | None:
+    """None when `outputs` looks like what `collect_outputs` returns for `n_cases` cases: a list
+    with one item per case, each made only of plain CPU tensors (exactly `torch.Tensor`, strided,
+    a numeric or bool dtype), numbers, strings, None, and lists, tuples and string-keyed dicts of
+    them, within the size bounds. Otherwise one sentence saying what is wrong.
+
+    The grader calls it on outputs read back (`torch.load(weights_only=True)`) from the process
+    that ran the learner's functions, before `judge` sees them: a subclass of Tensor or int, an
+    object of another type, a huge or deeply nested structure, or the wrong number of cases is
+    rejected instead of reaching the comparison."""
+    if type(outputs) is not list:
+        return f"expected a list of outputs, got {type(outputs).__qualname__}"
+    if len(outputs) != n_cases:
+        return f"expected outputs for {n_cases} cases, got {len(outputs)}"
+    budget = {"elements": max_elements, "items": max_items}
+
+    def walk(value, depth: int) -> str | None:
+        budget["items"] -= 1
+        if budget["items"] < 0:
+            return f"more than {max_items} items"
+        if depth > max_depth:
+            return f"nested more than {max_depth} levels deep"
+        kind = type(value)
+        if kind is torch.Tensor:
+            if value.layout != torch.strided or value.device.type != "cpu" or value.is_meta:
+                return f"a tensor with layout {value.layout} on {value.device}"
+            if value.dtype not in PLAIN_DTYPES:
+                return f"a tensor of dtype {value.dtype}"
+            if value.dim() > 16:
+                return f"a tensor with {value.dim()} dimensions"
+            budget["elements"] -= value.numel()
+            if budget["elements"] < 0:
+                return f"more than {max_elements} tensor elements in all"
+            return None
+        if kind in (bool, int, float) or value is None:
+            return None
+        if kind is str:
+            return f"a string of {len(value)} characters" if len(value) > max_string else None
+        if kind in (list, tuple):
+            for item in value:
+                problem = walk(item, depth + 1)
+                if problem:
+                    return problem
+            return None
+        if kind is dict:
+            for key, item in value.items():
+                if type(key) is not str or len(key) > max_string:
+                    return f"a dict key of type {type(key).__qualname__}"
+                problem = walk(item, depth + 1)
+                if problem:
+                    return problem
+            return None
+        return f"an object of type {kind.__module__}.{kind.__qualname__}"
+
+    for i, item in enumerate(outputs):
+        problem = walk(item, 1)
+        if problem:
+            return f"case {i + 1}: {problem}"
+    return None

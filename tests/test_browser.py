@@ -1,0 +1,283 @@
+"""The learner's lab, used the way a learner uses it: `make lab`, Debian's chromium, Run All.
+
+For every chapter: open the release in the lab `make lab` starts, press Run All, wait until the
+kernel is idle, and look at what the learner sees: every code cell ran, the only errors are the
+one-line check messages of the unfilled exercises, no traceback anywhere, no instructor menu or
+panel, no news pop-up. Then fill one exercise with a catalogued mistake and see its name, and
+fill it correctly and see the tick.
+
+The lab serves a scratch copy of chapters/, so the committed release is never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_files import CHAPTERS, ROOT
+from transformer_lib.checks import REGISTRY
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = shutil.which("chromium")
+if CHROMIUM is None:
+    pytest.skip("Debian's chromium is not installed here (and could not be: `make test` installs it with apt-get "
+                "when run as root): the browser test is skipped", allow_module_level=True)
+sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+
+TOKEN = "course-browser-test"
+RUN_ALL_TIMEOUT = 600  # seconds for one chapter's Run All under the suite's two processes
+
+# One exercise per chapter, filled from the keyboard: the answer cell's grade_id, a wrong
+# one-line answer that is a catalogued mistake (named by a word of its name), a right one.
+EXERCISES = {
+    "01_static_to_contextual": (
+        "cosine_similarity", "plain dot product",
+        "def cosine_similarity(a, b): return a @ b.transpose(-1, -2)",
+        "def cosine_similarity(a, b): return torch.nn.functional.normalize(a, dim=-1) @ "
+        "torch.nn.functional.normalize(b, dim=-1).transpose(-1, -2)"),
+    "02_self_attention": (
+        "softmax", "not stabilised",
+        "def softmax(x): return x.exp() / x.exp().sum(dim=-1, keepdim=True)",
+        "def softmax(x): return (x - x.amax(dim=-1, keepdim=True)).exp() / "
+        "(x - x.amax(dim=-1, keepdim=True)).exp().sum(dim=-1, keepdim=True)"),
+    "03_multi_head_attention": (
+        "split_heads", "without a transpose",
+        "def split_heads(x, n_heads): return x.reshape(x.shape[0], n_heads, x.shape[1], -1)",
+        "def split_heads(x, n_heads): return x.reshape(x.shape[0], x.shape[1], n_heads, -1).transpose(1, 2)"),
+    "04_positional_encoding": (
+        "add_positions", "offset ignored",
+        "def add_positions(x, pe, offset=0): return x + pe[: x.shape[-2]]",
+        "def add_positions(x, pe, offset=0): return x + pe[offset : offset + x.shape[-2]]"),
+    "05_add_norm_ffn": (
+        "layer_norm", "unbiased variance",
+        "def layer_norm(x, gamma, beta, eps=1e-5): return gamma * (x - x.mean(-1, keepdim=True)) / "
+        "(x.var(-1, keepdim=True) + eps).sqrt() + beta",
+        "def layer_norm(x, gamma, beta, eps=1e-5): return gamma * (x - x.mean(-1, keepdim=True)) / "
+        "(x.var(-1, keepdim=True, unbiased=False) + eps).sqrt() + beta"),
+    "06_decoder_masks": (
+        "make_causal_mask", "upper triangle",
+        "def make_causal_mask(size): return torch.ones(size, size, dtype=torch.bool).triu()",
+        "def make_causal_mask(size): return torch.ones(size, size, dtype=torch.bool).tril()"),
+    "07_training_inference": (
+        "top_k_filter", "smallest",
+        "def top_k_filter(logits, k): return logits.masked_fill(logits > logits.topk(k, dim=-1, largest=False)"
+        ".values[..., -1:], float('-inf'))",
+        "def top_k_filter(logits, k): return logits.masked_fill(logits < logits.topk(k, dim=-1).values[..., -1:], "
+        "float('-inf'))"),
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """`make lab` as README starts it, on a scratch copy of chapters/, with a fixed token."""
+    tmp = tmp_path_factory.mktemp("lab")
+    workdir = tmp / "chapters"
+    shutil.copytree(ROOT / "chapters", workdir)
+    settings = tmp / "settings" / "@jupyterlab" / "notebook-extension"
+    settings.mkdir(parents=True)
+    # Every cell stays in the page (no virtual scrolling), so the test can read every output.
+    (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+    port = _free_port()
+    env = dict(os.environ, BROWSER="true", JUPYTER_TOKEN=TOKEN, JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
+               JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
+    log = open(tmp / "lab.log", "w+")
+    proc = subprocess.Popen(["make", "--no-print-directory", "lab", f"LAB_PORT={port}", f"LAB_DIR={workdir}"],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 180
+    while True:
+        log.seek(0)
+        text = log.read()
+        if f"127.0.0.1:{port}/lab" in text:
+            break
+        if proc.poll() is not None or time.time() > deadline:
+            os.killpg(proc.pid, signal.SIGTERM)
+            pytest.fail(f"`make lab` did not start:\n{text[-3000:]}")
+        time.sleep(0.5)
+    yield {"url": f"http://127.0.0.1:{port}", "dir": workdir, "log": tmp / "lab.log", "shots": tmp}
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        yield chromium
+        chromium.close()
+
+
+def _open(browser, url):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(url)
+    page.wait_for_selector(".jp-LabShell", timeout=120_000)
+    return page
+
+
+def _assert_no_instructor_tools_or_news(page):
+    menus = [t.strip() for t in page.locator(".lm-MenuBar-itemLabel").all_inner_texts()]
+    assert not any(m.lower() in {"nbgrader", "formgrader", "assignments", "courses"} for m in menus), menus
+    labels = " ".join(page.locator(".lm-TabBar-tab").evaluate_all(
+        "tabs => tabs.map(t => (t.getAttribute('title') || '') + ' ' + t.innerText)"))
+    for word in ["Formgrader", "Assignment List", "Course List", "Create Assignment"]:
+        assert word not in labels, f"the learner's lab shows {word!r}"
+    toasts = " ".join(page.locator(".Toastify__toast").all_inner_texts())
+    assert "news" not in toasts.lower(), f"a news pop-up appeared: {toasts!r}"
+
+
+def test_the_lab_opens_on_the_start_page_without_instructor_tools(lab, browser):
+    page = _open(browser, f"{lab['url']}/?token={TOKEN}")
+    page.wait_for_selector(".jp-RenderedMarkdown >> text=How a chapter works", timeout=60_000)
+    time.sleep(3)  # pop-ups, if any, appear a moment after the shell
+    _assert_no_instructor_tools_or_news(page)
+    links = page.locator(".jp-RenderedMarkdown a").evaluate_all("as => as.map(a => a.getAttribute('href'))")
+    for chapter in CHAPTERS:
+        assert any(f"{chapter}/{chapter}.ipynb" in (link or "") for link in links), f"the start page does not link {chapter}"
+    page.screenshot(path=str(lab["shots"] / "start.png"))
+    page.close()
+
+
+def _kernel_idle(page) -> bool:
+    return page.evaluate("""async () => {
+        const r = await fetch('/api/sessions', {headers: {Authorization: 'token %s'}});
+        const sessions = await r.json();
+        return sessions.length > 0 && sessions.every(s => s.kernel.execution_state === 'idle');
+    }""" % TOKEN)
+
+
+def _code_prompts(page) -> list[str]:
+    return page.locator(".jp-CodeCell .jp-InputArea-prompt").all_inner_texts()
+
+
+def _wait_until_all_ran(page, n_code_cells: int, timeout: float):
+    deadline, idle_polls = time.time() + timeout, 0
+    while time.time() < deadline:
+        prompts = _code_prompts(page)
+        done = len(prompts) == n_code_cells and all(re.fullmatch(r"\[\d+\]:", p.strip()) for p in prompts)
+        idle_polls = idle_polls + 1 if done and _kernel_idle(page) else 0
+        if idle_polls >= 3:
+            return
+        time.sleep(1)
+    pytest.fail(f"Run All did not finish in {timeout} s; prompts: {_code_prompts(page)}")
+
+
+def _run_menu(page, item: str):
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{re.escape(item)}$")).first.click()
+
+
+def _cell(page, index: int):
+    return page.locator(".jp-Notebook .jp-Cell").nth(index)
+
+
+def _type_into(page, index: int, code: str):
+    cell = _cell(page, index)
+    cell.scroll_into_view_if_needed()
+    cell.locator(".cm-content").click()
+    page.keyboard.press("Control+A")
+    page.keyboard.insert_text(code)
+
+
+def _run_cell(page, index: int):
+    _cell(page, index).locator(".cm-content").click()
+    page.keyboard.press("Control+Enter")
+
+
+def _output_text(page, index: int) -> str:
+    return _cell(page, index).locator(".jp-OutputArea").inner_text()
+
+
+def _wait_for_output(page, index: int, pattern: str, timeout: float = 120) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        text = _output_text(page, index)
+        if re.search(pattern, text):
+            return text
+        time.sleep(0.5)
+    pytest.fail(f"cell {index} never showed {pattern!r}; it shows:\n{_output_text(page, index)}")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_run_all_on_a_fresh_release_goes_through(lab, browser, chapter):
+    release = nbformat.read(ROOT / "chapters" / chapter / f"{chapter}.ipynb", as_version=4)
+    code_cells = [c for c in release.cells if c.cell_type == "code"]
+    graded = {i for i, c in enumerate(code_cells) if c.metadata.get("nbgrader", {}).get("grade")
+              and not c.metadata.get("nbgrader", {}).get("solution")}
+    page = _open(browser, f"{lab['url']}/lab/tree/{chapter}/{chapter}.ipynb?token={TOKEN}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+    page.wait_for_function("() => document.querySelector('.jp-Notebook-ExecutionIndicator') !== null", timeout=60_000)
+    while not _kernel_idle(page):
+        time.sleep(0.5)
+    _run_menu(page, "Run All Cells")
+    _wait_until_all_ran(page, len(code_cells), RUN_ALL_TIMEOUT)
+    page.screenshot(path=str(lab["shots"] / f"{chapter}-run-all.png"), full_page=False)
+    _assert_no_instructor_tools_or_news(page)
+
+    # What the learner sees, cell by cell.
+    code_locators = page.locator(".jp-Notebook .jp-CodeCell")
+    assert code_locators.count() == len(code_cells)
+    for i in range(len(code_cells)):
+        cell = code_locators.nth(i)
+        errors = cell.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+        text = cell.locator(".jp-OutputArea").inner_text()
+        assert "Traceback (most recent call last)" not in text and "Cell In[" not in text, (
+            f"{chapter}: code cell {i} shows a traceback:\n{text[:1500]}")
+        if i in graded:
+            continue
+        assert "CheckFailed" not in text, f"{chapter}: code cell {i} (not a test cell) shows an error:\n{text[:800]}"
+        assert errors.count() == 0 or "Error" not in " ".join(errors.all_inner_texts()), (
+            f"{chapter}: code cell {i} shows an error:\n{text[:800]}")
+    # Every test cell of an unfilled exercise shows exactly its one-line message.
+    for i in graded:
+        text = code_locators.nth(i).locator(".jp-OutputArea").inner_text().strip()
+        assert text.startswith("CheckFailed:") and "not implemented yet" in text and len(text.splitlines()) == 1, (
+            f"{chapter}: test cell {i} shows:\n{text[:800]}")
+    # The last code cell is the chapter's summary: nothing passes yet.
+    summary = code_locators.nth(len(code_cells) - 1).locator(".jp-OutputArea").inner_text()
+    assert "Exercises passing: 0 of" in summary, summary
+
+    # Fill one exercise: a catalogued mistake is named, a right answer gets its tick.
+    grade_id, keyword, wrong, right = EXERCISES[chapter]
+    checker = REGISTRY[grade_id]
+    mistake = next(m for m in checker.mistakes if keyword in m.name)
+    cells = release.cells
+    answer = next(i for i, c in enumerate(cells) if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+    test = next(i for i in range(answer + 1, len(cells)) if cells[i].metadata.get("nbgrader", {}).get("grade"))
+    _type_into(page, answer, wrong)
+    _run_cell(page, answer)
+    _run_cell(page, test)
+    seen = _wait_for_output(page, test, re.escape(mistake.name[:40]))
+    assert seen.strip().startswith("CheckFailed:") and len(seen.strip().splitlines()) == 1
+    _type_into(page, answer, right)
+    _run_cell(page, answer)
+    _run_cell(page, test)
+    _wait_for_output(page, test, "\u2713 " + re.escape(checker.name))
+    page.screenshot(path=str(lab["shots"] / f"{chapter}-filled.png"))
+    _shut_down_kernels(page)
+    page.close()
+
+
+def _shut_down_kernels(page):
+    page.evaluate("""async () => {
+        const headers = {Authorization: 'token %s'};
+        const sessions = await (await fetch('/api/sessions', {headers})).json();
+        for (const s of sessions) { await fetch('/api/sessions/' + s.id, {method: 'DELETE', headers}); }
+    }""" % TOKEN)

@@ -1,0 +1,233 @@
+"""The library functions behind chapter 07's new exercises, and the checkers' own machinery.
+
+`label_smoothed_loss` against the loss module and against padding; `train_step` against a
+step written out by hand (and the clipping it promises); the training loop running the
+learner's step and shift; greedy decoding with the cache against decoding without it, with
+the encoder run once; the tiny models the checkers build, and their counts.
+"""
+
+import pytest
+import torch
+
+from transformer_lib import training
+from transformer_lib.checks.ch07 import (TinyModel, TrainingRun, _invoke_decode, _invoke_train_step, _training_setup,
+                                         check_greedy_decode, check_train_step)
+from transformer_lib.decoding import greedy_decode
+from transformer_lib.layers import EncoderDecoder, TransformerConfig
+from transformer_lib.masks import causal_mask, padding_mask
+from transformer_lib.training import (LabelSmoothingLoss, label_smoothed_loss, make_teacher_forcing_batch, noam_lambda,
+                                      noam_rate, noam_scheduler, prepare_batch, train, train_step)
+
+VOCAB, PAD, BOS, EOS = 11, 0, 1, 2
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _model(seed=0, layers=2) -> EncoderDecoder:
+    torch.manual_seed(seed)
+    config = TransformerConfig(src_vocab=VOCAB, tgt_vocab=VOCAB, d_model=16, n_heads=2, d_ff=32, n_layers=layers,
+                               dropout=0.0, max_len=32)
+    return EncoderDecoder(config).double()
+
+
+def _batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(3, VOCAB, (3, 7), generator=g)  # [3, 7]
+    src[1, 5:] = PAD
+    tgt = torch.randint(3, VOCAB, (3, 5), generator=g)  # [3, 5]
+    tgt[0, 4], tgt[1, 2], tgt[2, 3] = EOS, EOS, EOS
+    tgt[1, 3:], tgt[2, 4:] = PAD, PAD
+    return src, tgt
+
+
+# ---------------------------------------------------------------- the loss over real tokens
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_label_smoothed_loss_is_the_loss_module(eps):
+    g = torch.Generator().manual_seed(1)
+    log_probs = torch.log_softmax(torch.randn(3, 5, VOCAB, generator=g, dtype=torch.float64), -1)
+    _, target = _batch()
+    module = LabelSmoothingLoss(VOCAB, PAD, eps)(log_probs, target)
+    assert torch.allclose(label_smoothed_loss(log_probs, target, eps, PAD), module)
+    assert label_smoothed_loss(log_probs, target, eps, PAD).dim() == 0
+
+
+def test_label_smoothed_loss_does_not_change_with_more_padding():
+    g = torch.Generator().manual_seed(2)
+    log_probs = torch.log_softmax(torch.randn(3, 5, VOCAB, generator=g), -1)  # [3, 5, V]
+    _, target = _batch()
+    longer_log_probs = torch.cat([log_probs, torch.log_softmax(torch.randn(3, 4, VOCAB, generator=g), -1)], dim=1)
+    longer_target = torch.cat([target, torch.full((3, 4), PAD)], dim=1)  # four more padded positions
+    assert torch.allclose(label_smoothed_loss(log_probs, target, 0.1, PAD),
+                          label_smoothed_loss(longer_log_probs, longer_target, 0.1, PAD))
+
+
+# ---------------------------------------------------------------- one training step
+
+
+def test_train_step_matches_a_step_written_out_by_hand():
+    ours, theirs = _model(), _model()
+    loss_fn = LabelSmoothingLoss(VOCAB, PAD, 0.1)
+    setups = []
+    for m in (ours, theirs):
+        opt = torch.optim.Adam(m.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+        setups.append((opt, noam_scheduler(opt, 16, warmup=3, factor=1.0)))
+    for seed in range(3):
+        b = prepare_batch(*_batch(seed), BOS, PAD)
+        loss = train_step(ours, b, loss_fn, *setups[0], max_grad_norm=0.5)
+
+        opt, sched = setups[1]
+        opt.zero_grad()
+        expected = loss_fn(theirs(b.src, b.decoder_input, b.src_mask, b.tgt_mask), b.target)
+        expected.backward()
+        torch.nn.utils.clip_grad_norm_(theirs.parameters(), 0.5)
+        opt.step()
+        sched.step()
+        assert isinstance(loss, float) and loss == pytest.approx(expected.item(), rel=1e-12)
+    for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
+        assert torch.equal(p, q), name
+    assert setups[0][0].param_groups[0]["lr"] == setups[1][0].param_groups[0]["lr"]
+
+
+def test_train_step_clips_the_gradient_before_the_update():
+    # Plain SGD with lr 1: the update is minus the (clipped) gradient, so its norm is max_norm.
+    model = _model()
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    train_step(model, prepare_batch(*_batch(), BOS, PAD), LabelSmoothingLoss(VOCAB, PAD, 0.1), opt, sched, 1e-3)
+    update = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before)])
+    assert update.norm().item() == pytest.approx(1e-3, rel=1e-4)
+
+
+def test_train_runs_the_given_step_and_teacher_forcing_functions():
+    src, tgt = _batch()
+    loader = [(src, tgt)] * 3
+    calls = {"step": 0, "shift": 0}
+
+    def step(*args):
+        calls["step"] += 1
+        return train_step(*args)
+
+    def shift(t, bos_id):
+        calls["shift"] += 1
+        return make_teacher_forcing_batch(t, bos_id)  # without the <pad> fill: prepare_batch adds it
+
+    runs = []
+    for kwargs in [{}, {"step_fn": step, "teacher_forcing": shift}]:
+        model = _model()
+        opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+        sched = noam_scheduler(opt, 16, warmup=2, factor=1.0)
+        history = train(model, loader, opt, LabelSmoothingLoss(VOCAB, PAD, 0.1), steps=5, scheduler=sched,
+                        bos_id=BOS, pad_id=PAD, max_grad_norm=1.0, progress=False, **kwargs)
+        runs.append((history, model.state_dict()))
+    assert calls == {"step": 5, "shift": 5}
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
+
+
+def test_prepare_batch_with_a_teacher_forcing_function_equals_the_default():
+    src, tgt = _batch()
+    default = prepare_batch(src, tgt, BOS, PAD)
+    given = prepare_batch(src, tgt, BOS, PAD, teacher_forcing=lambda t, b: make_teacher_forcing_batch(t, b))
+    for field in ["src", "src_mask", "decoder_input", "target", "tgt_mask"]:
+        assert torch.equal(getattr(default, field), getattr(given, field)), field
+
+
+def test_noam_lambda_takes_the_learners_rate_function():
+    def eq3(step, d_model, warmup):
+        return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+    ours = noam_lambda(64, 10, factor=0.5, total_steps=50, cooldown=20, rate_fn=eq3)
+    library = noam_lambda(64, 10, factor=0.5, total_steps=50, cooldown=20)
+    assert all(ours(s) == pytest.approx(library(s), rel=1e-12) for s in range(50))
+    assert ours(9) == pytest.approx(0.5 * noam_rate(10, 64, 10))
+
+
+def test_training_loop_uses_tqdm_auto():
+    import tqdm.auto
+
+    assert training.tqdm is tqdm.auto.tqdm
+
+
+# ---------------------------------------------------------------- greedy decoding with the cache
+
+
+class _Counts:
+    def __init__(self, model):
+        self.encoder = self.decoder = self.positions = 0
+        self.hooks = [model.encoder.register_forward_hook(self._enc),
+                      model.decoder.register_forward_pre_hook(self._dec)]
+
+    def _enc(self, *_):
+        self.encoder += 1
+
+    def _dec(self, module, args):
+        self.decoder += 1
+        self.positions += args[0].shape[1]
+
+
+@pytest.mark.parametrize("eos", [3, 5, 8])
+def test_greedy_with_cache_equals_without_and_runs_the_encoder_once(eos):
+    model = _model(seed=3).eval()
+    src, _ = _batch(4)
+    mask = padding_mask(src, PAD)
+    counts = _Counts(model)
+    cached = greedy_decode(model, src, mask, 9, BOS, eos, use_cache=True)
+    steps = cached.shape[1] - 1
+    assert (counts.encoder, counts.decoder, counts.positions) == (1, steps, steps)
+    uncached = greedy_decode(model, src, mask, 9, BOS, eos, use_cache=False)
+    assert torch.equal(cached, uncached)
+    assert counts.positions - steps == steps * (steps + 1) // 2  # without the cache: the whole prefix each step
+
+
+def test_greedy_equals_a_loop_that_calls_the_full_model():
+    model = _model(seed=5).eval()
+    src, _ = _batch(6)
+    mask = padding_mask(src, PAD)
+    tokens = torch.full((3, 1), BOS)
+    with torch.no_grad():
+        for _ in range(6):
+            log_probs = model(src, tokens, mask, causal_mask(tokens.shape[1]))  # [3, t, V]
+            tokens = torch.cat([tokens, log_probs[:, -1].argmax(-1, keepdim=True)], dim=1)
+    out = greedy_decode(model, src, mask, 6, BOS, eos_id=-1)  # an id never produced: all 6 steps
+    assert torch.equal(out, tokens)
+
+
+# ---------------------------------------------------------------- the checkers' tiny models
+
+
+def test_tiny_models_are_seeded_and_leave_the_global_rng_alone():
+    torch.manual_seed(0)
+    first = torch.rand(3)
+    torch.manual_seed(0)
+    a, b = TinyModel(7).build(), TinyModel(7).build()
+    assert torch.equal(torch.rand(3), first)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert next(a.parameters()).dtype == torch.float64
+
+
+def test_decode_checker_counts_the_work_of_the_reference():
+    for case in check_greedy_decode.cases(hidden=True):
+        tokens, counts = _invoke_decode(greedy_decode, case)
+        steps = tokens.shape[1] - 1
+        assert counts == {"encoder runs": 1, "decoder runs": steps, "positions fed to the decoder": steps}
+
+
+def test_train_step_checker_runs_two_real_steps():
+    run = TrainingRun(TinyModel(1))
+    out = _invoke_train_step(train_step, check_train_step.cases()[0])
+    initial = dict(run.model.build().named_parameters())
+    for name, value in out["parameters after step 1"].items():
+        assert not torch.equal(value, initial[name].detach()), f"{name} did not move"
+    assert out["loss of step 1"] != out["loss of step 2"]
+    # The step's learning rate after two scheduler steps: LambdaLR at step 2 of the schedule.
+    _, _, scheduler, _ = _training_setup(run)
+    assert out["learning rate after step 2"] == pytest.approx(scheduler.lr_lambdas[0](2))

@@ -1,0 +1,154 @@
+"""The conventions that keep a chapter usable by a learner, checked on every chapter's source.
+
+README's maintainer section states them; each test here fails naming the chapter and the cell.
+"""
+
+import ast
+import html
+import re
+
+import pytest
+
+from course_files import CHAPTERS, MIN_EXERCISES, is_solution_cell, is_test_cell, nbgrader_meta, released, solution
+from course_files import course_cli
+
+# Mentions of the source documents the learner does not have: "document 000 §5", "001 §4",
+# "§1.3", "source 003", "the extracted text", seed file names.
+SOURCE_REFERENCE = re.compile(
+    r"(document|source|seed|doc\.?)\s*0\d\d|\b00[0-4]\s*§|§\s*\d|extracted text|\b00[0-4]_[0-9a-f]{6}|"
+    r"the (source )?documents\b", re.I)
+
+
+def _answer_names(nb) -> set[str]:
+    names = set()
+    for cell in nb.cells:
+        if is_solution_cell(cell):
+            for node in ast.parse(cell.source).body:
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                    names.add(node.name)
+    return names
+
+
+def _bound_names(source: str) -> set[str]:
+    """Names a cell binds at top level or anywhere by import/assignment/def."""
+    bound = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+    return bound
+
+
+def test_enough_exercises_across_the_course():
+    counts = {ch: sum(is_test_cell(c) for c in solution(ch).cells) for ch in CHAPTERS}
+    for chapter, minimum in MIN_EXERCISES.items():
+        assert counts[chapter] >= minimum, f"{chapter} has {counts[chapter]} graded exercises, promises {minimum}"
+    early = [ch for ch in CHAPTERS if ch[:2] <= "07"]
+    assert sum(counts[ch] for ch in early) >= 38, counts
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_no_learner_facing_text_cites_a_source_document_by_number(chapter):
+    for index, cell in enumerate(released(chapter).cells):
+        hit = SOURCE_REFERENCE.search(cell.source)
+        assert hit is None, f"{chapter} cell {index} mentions {hit.group(0)!r}: cite the published source by name"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_test_cells_let_run_all_go_on(chapter):
+    for cell in solution(chapter).cells:
+        if is_test_cell(cell):
+            assert "raises-exception" in cell.metadata.get("tags", []), (
+                f"{chapter}: test cell {nbgrader_meta(cell)['grade_id']} lacks the raises-exception tag")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_the_learners_names_are_never_rebound(chapter):
+    nb = solution(chapter)
+    names = _answer_names(nb)
+    assert names, f"{chapter} has no answer cell defining a function or class"
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or is_solution_cell(cell):
+            continue
+        rebound = names & _bound_names(cell.source)
+        assert not rebound, (f"{chapter} cell {index} rebinds {sorted(rebound)}: later cells must use "
+                             f"`name_impl = yours_or_reference(name, check_name)` instead")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_each_exercise_hands_on_yours_or_the_reference(chapter):
+    nb = solution(chapter)
+    source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    for cell in nb.cells:
+        if is_test_cell(cell):
+            for call in course_cli.checker_calls(cell.source):
+                if call.hidden:
+                    continue
+                pattern = rf"yours_or_reference\(\s*{re.escape(call.function)}\s*,\s*{call.checker}\s*\)"
+                assert re.search(pattern, source), f"{chapter}: no `yours_or_reference({call.function}, {call.checker})`"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_ends_with_the_exercise_summary(chapter):
+    nb = solution(chapter)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    last = code[-1].source
+    assert "exercise_summary(" in last, f"{chapter}: the last code cell must print the exercise summary"
+    checkers = {call.checker for c in nb.cells if is_test_cell(c) for call in course_cli.checker_calls(c.source)}
+    missing = [name for name in checkers if name not in last]
+    assert not missing, f"{chapter}: the summary leaves out {missing}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_headings_hold_no_latex(chapter):
+    for cell in solution(chapter).cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("#"):
+                    assert "$" not in line, f"{chapter}: heading with LaTeX: {line!r}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_nbval_markers_are_tags_not_comments(chapter):
+    for cell in released(chapter).cells:
+        assert not re.search(r"#\s*NBVAL_", cell.source), f"{chapter}: a learner-facing NBVAL comment: use a cell tag"
+
+
+def _hints_before(nb, answer_index: int) -> list[str]:
+    """The <details> blocks between the previous exercise's test cell and this answer cell."""
+    start = max([i for i in range(answer_index) if is_test_cell(nb.cells[i])], default=-1)
+    text = "\n".join(c.source for c in nb.cells[start + 1:answer_index] if c.cell_type == "markdown")
+    return re.findall(r"<details>(.*?)</details>", text, re.S)
+
+
+def _normalise(line: str) -> str:
+    return re.sub(r"\s+", "", line)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_hints_form_a_ladder_that_never_gives_the_answer(chapter):
+    nb = solution(chapter)
+    for index, cell in enumerate(nb.cells):
+        if not is_solution_cell(cell):
+            continue
+        grade_id = nbgrader_meta(cell)["grade_id"]
+        blocks = _hints_before(nb, index)
+        assert len(blocks) >= 2, f"{chapter}/{grade_id}: a ladder needs at least two hints, found {len(blocks)}"
+        hints = html.unescape(re.sub(r"<[^>]+>", "", "\n".join(blocks)))
+        region = re.search(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", cell.source, re.S).group(1)
+        lines = [_normalise(l.split("#")[0]) for l in region.splitlines()]
+        lines = [l for l in lines if len(l) > 12]
+        if not lines:
+            continue
+        given = [l for l in lines if l in _normalise(hints)]
+        assert len(given) < max(1, 0.6 * len(lines)), (
+            f"{chapter}/{grade_id}: the hints contain {len(given)} of the answer's {len(lines)} lines: {given[:3]}")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_chapter_draws_a_conceptual_diagram(chapter):
+    code = "\n".join(c.source for c in solution(chapter).cells if c.cell_type == "code")
+    assert "transformer_lib.diagrams" in code, f"{chapter} draws no diagram from transformer_lib.diagrams"
