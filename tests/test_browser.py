@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import nbformat
@@ -90,10 +91,6 @@ def lab(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lab")
     workdir = tmp / "chapters"
     shutil.copytree(ROOT / "chapters", workdir)
-    settings = tmp / "settings" / "@jupyterlab" / "notebook-extension"
-    settings.mkdir(parents=True)
-    # Every cell stays in the page (no virtual scrolling), so the test can read every output.
-    (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
     port = _free_port()
     env = dict(os.environ, BROWSER="true", JUPYTER_TOKEN=TOKEN, JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
                JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
@@ -163,8 +160,12 @@ def _kernel_idle(page) -> bool:
     }""" % TOKEN)
 
 
+# The notebook in the tab on show (a page may keep other tabs, hidden).
+NOTEBOOK = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook"
+
+
 def _code_prompts(page) -> list[str]:
-    return page.locator(".jp-CodeCell .jp-InputArea-prompt").all_inner_texts()
+    return page.locator(f"{NOTEBOOK} .jp-CodeCell .jp-InputArea-prompt").all_inner_texts()
 
 
 def _wait_until_all_ran(page, n_code_cells: int, timeout: float):
@@ -185,7 +186,7 @@ def _run_menu(page, item: str):
 
 
 def _cell(page, index: int):
-    return page.locator(".jp-Notebook .jp-Cell").nth(index)
+    return page.locator(f"{NOTEBOOK} .jp-Cell").nth(index)
 
 
 def _type_into(page, index: int, code: str):
@@ -217,12 +218,20 @@ def _wait_for_output(page, index: int, pattern: str, timeout: float = 120) -> st
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_run_all_on_a_fresh_release_goes_through(lab, browser, chapter):
+    try:
+        _run_all_and_fill_one_exercise(lab, browser, chapter)
+    finally:
+        _shut_down_kernels(lab["url"])
+
+
+def _run_all_and_fill_one_exercise(lab, browser, chapter):
     release = nbformat.read(ROOT / "chapters" / chapter / f"{chapter}.ipynb", as_version=4)
     code_cells = [c for c in release.cells if c.cell_type == "code"]
     graded = {i for i, c in enumerate(code_cells) if c.metadata.get("nbgrader", {}).get("grade")
               and not c.metadata.get("nbgrader", {}).get("solution")}
-    page = _open(browser, f"{lab['url']}/lab/tree/{chapter}/{chapter}.ipynb?token={TOKEN}")
-    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+    # A workspace of its own, reset: the lab must not reopen the previous chapter's tab.
+    page = _open(browser, f"{lab['url']}/lab/workspaces/{chapter}/tree/{chapter}/{chapter}.ipynb?reset&token={TOKEN}")
+    page.wait_for_selector(f"{NOTEBOOK} .jp-Cell", timeout=120_000)
     page.wait_for_function("() => document.querySelector('.jp-Notebook-ExecutionIndicator') !== null", timeout=60_000)
     while not _kernel_idle(page):
         time.sleep(0.5)
@@ -232,7 +241,7 @@ def test_run_all_on_a_fresh_release_goes_through(lab, browser, chapter):
     _assert_no_instructor_tools_or_news(page)
 
     # What the learner sees, cell by cell.
-    code_locators = page.locator(".jp-Notebook .jp-CodeCell")
+    code_locators = page.locator(f"{NOTEBOOK} .jp-CodeCell")
     assert code_locators.count() == len(code_cells)
     for i in range(len(code_cells)):
         cell = code_locators.nth(i)
@@ -271,13 +280,14 @@ def test_run_all_on_a_fresh_release_goes_through(lab, browser, chapter):
     _run_cell(page, test)
     _wait_for_output(page, test, "\u2713 " + re.escape(checker.name))
     page.screenshot(path=str(lab["shots"] / f"{chapter}-filled.png"))
-    _shut_down_kernels(page)
     page.close()
 
 
-def _shut_down_kernels(page):
-    page.evaluate("""async () => {
-        const headers = {Authorization: 'token %s'};
-        const sessions = await (await fetch('/api/sessions', {headers})).json();
-        for (const s of sessions) { await fetch('/api/sessions/' + s.id, {method: 'DELETE', headers}); }
-    }""" % TOKEN)
+def _shut_down_kernels(url: str):
+    """Every kernel the chapter started, so the next chapter runs alone."""
+    headers = {"Authorization": f"token {TOKEN}"}
+    with urllib.request.urlopen(urllib.request.Request(f"{url}/api/sessions", headers=headers), timeout=30) as r:
+        sessions = json.loads(r.read())
+    for session in sessions:
+        request = urllib.request.Request(f"{url}/api/sessions/{session['id']}", headers=headers, method="DELETE")
+        urllib.request.urlopen(request, timeout=30).close()

@@ -148,11 +148,12 @@ def add_and_norm(x: torch.Tensor, sublayer, gamma: torch.Tensor, beta: torch.Ten
 
 class ResidualConnection(nn.Module):
     """add_and_norm with a learned LayerNorm and dropout on the sub-layer's output (the
-    paper drops out each sub-layer's output before it is added to the input)."""
+    paper drops out each sub-layer's output before it is added to the input). eps is the
+    LayerNorm's (PyTorch's 1e-5 by default; BERT uses 1e-12)."""
 
-    def __init__(self, d_model: int, dropout: float = 0.0, norm_first: bool = False):
+    def __init__(self, d_model: int, dropout: float = 0.0, norm_first: bool = False, eps: float = 1e-5):
         super().__init__()
-        self.norm = LayerNorm(d_model)
+        self.norm = LayerNorm(d_model, eps)
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
@@ -188,15 +189,16 @@ class EncoderLayer(nn.Module):
     Attention is the only place where positions exchange information; the FFN then
     transforms each position on its own. The LayerNorms and dropouts live in residual1 and
     residual2; norm1/norm2, dropout1/dropout2 and norm_first name them as the equations do.
+    eps is the LayerNorms' (BERT's layers use 1e-12, see bert.BertLayer).
     """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0,
-                 norm_first: bool = False, activation: str = "relu"):
+                 norm_first: bool = False, activation: str = "relu", eps: float = 1e-5):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
         self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout, activation)
-        self.residual1 = ResidualConnection(d_model, dropout, norm_first)
-        self.residual2 = ResidualConnection(d_model, dropout, norm_first)
+        self.residual1 = ResidualConnection(d_model, dropout, norm_first, eps)
+        self.residual2 = ResidualConnection(d_model, dropout, norm_first, eps)
 
     @property
     def norm1(self) -> LayerNorm:  # around the attention

@@ -1,0 +1,883 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 08 — Tokenization: from text to vectors
+#
+# Every chapter so far started from vectors: token embeddings, one row per token, appeared out of nowhere.
+# A real model starts from **text**, a string of characters, and has to turn it into those vectors. Simon
+# Prince's *Understanding Deep Learning* (2023, section 12.5) describes the pipeline of every language model in
+# three steps: a **tokenizer** cuts the text into pieces from a fixed vocabulary and gives each piece an id; an
+# **embedding** table turns each id into a vector; then the stack of Transformer layers does the rest. This
+# chapter is about the first two steps.
+#
+# The hard question is what a piece should be. Whole words? Single characters? Something in between? Each
+# choice has a price you can measure, and we measure it:
+#
+# 1. **Whole words**: what fraction of new text a word vocabulary has never seen. *Exercise 1: `oov_rate`.*
+# 2. **Characters**: nothing is unknown, but the sequences get long, and attention pays for length squared.
+# 3. **Byte-pair encoding (BPE)**, the compromise almost every model uses, built from scratch: count pairs,
+#    merge one, train, encode. *Exercises 2 to 5: `pair_counts`, `merge_pair`, `train_bpe`, `encode_word`.*
+#    Your trainer is then run on the course's text and compared, merge for merge, with Hugging Face
+#    `tokenizers`.
+# 4. **Byte-level BPE in practice** with `tokenizers`: characters per token for vocabularies of 500 to 4,000,
+#    words that share pieces, and why no text, Chinese included, is ever unknown.
+# 5. **Why Chinese models predict characters.**
+# 6. **The attention bill**: the cost of each tokenizer in pairs of tokens.
+# 7. **The embedding table**, a lookup that is also a matrix product. *Exercise 6: `embedding_lookup`.*
+# 8. **The sqrt(d_model) scale** of *Attention Is All You Need*, measured under three initialisations rather than
+#    taken on trust.
+#
+# The text throughout is the course's own: the English prose of Python's built-in help pages, split once into a
+# training part and a held-out part (`corpus.char_splits()`). Nothing is downloaded.
+#
+# Later cells use your functions once they pass their checks, and the library's otherwise; a line after each
+# test says which.
+
+# %%
+import math
+import time
+from collections import Counter
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from tokenizers import normalizers, pre_tokenizers
+
+from transformer_lib import corpus
+from transformer_lib.checks import exercise_summary, yours_or_reference
+from transformer_lib.checks.ch08 import (
+    check_embedding_lookup,
+    check_encode_word,
+    check_merge_pair,
+    check_oov_rate,
+    check_pair_counts,
+    check_train_bpe,
+)
+from transformer_lib.diagrams.ch08 import draw_bpe_merge_step, draw_text_to_vectors
+from transformer_lib.positional import sinusoidal_encoding
+from transformer_lib.tokenization import (
+    pre_tokenize,
+    tokens_to_ids,
+    train_bpe_with_tokenizers,
+    train_byte_level_bpe,
+    vocabulary_from_merges,
+    word_counts,
+    word_vocabulary,
+)
+
+torch.manual_seed(0)
+torch.set_printoptions(precision=4, sci_mode=False)
+
+# %% [markdown]
+# Here is the road this chapter travels, on a made-up vocabulary of ten tokens. The tokenizer cuts the text into
+# tokens (`␣` marks a space: it belongs to the token that follows it); the vocabulary maps each token to an id;
+# the id picks one row of the embedding table. Section 7 shows that picking rows is the same as multiplying
+# one-hot rows by the table, and section 8 what the final scale does.
+
+# %%
+draw_text_to_vectors(" lowest newer", [" low", "est", " new", "er"], [7, 5, 8, 2])
+plt.show()
+
+# %% [markdown]
+# ## 1. Whole words, and the words you have never seen
+#
+# The obvious choice is one token per word: split on spaces, give every word of the training text an id. Our
+# text is the prose of Python's help pages, about a quarter of a megabyte, split into a training part and a
+# held-out part that stands for "text the model meets later":
+
+# %%
+train_text, val_text = corpus.char_splits()
+train_words, val_words = corpus.tokenize(train_text), corpus.tokenize(val_text)
+print(f"training text: {len(train_text):,} characters, {len(train_words):,} words, "
+      f"{len(set(train_words)):,} distinct words")
+print(f"held-out text: {len(val_text):,} characters, {len(val_words):,} words")
+print("the held-out text starts:", repr(val_text[:160]))
+
+# %% [markdown]
+# (`corpus.tokenize` lower-cases the text and keeps runs of letters, so a "word" here is something like
+# `iterator` or `don't`.)
+#
+# A model has a vocabulary of fixed size, chosen before training: say the $N$ most frequent training words.
+# Every other word, in training or later, becomes one shared token, `<unk>` ("unknown"). The model cannot
+# tell one unknown word from another. How much of new text ends up as `<unk>`? That share is the
+# **out-of-vocabulary (OOV) rate**.
+
+# %% [markdown]
+# ### Exercise 1 — `oov_rate`
+# > **Difficulty** ●○○ · **Importance** ●●○ · about 5 minutes
+#
+# Write `oov_rate(vocab, words)`: the fraction of the words of `words` that are not in `vocab`.
+#
+# * `vocab`: a set of words (a list works too: anything `in` can search).
+# * `words`: a list of words, the text being measured, in order, repeats included.
+# * returns a float between 0 and 1.
+#
+# Count **running words** (tokens), not distinct words: a model reading the text meets an unknown word every
+# time it occurs. Worked example: `oov_rate({"the", "cat", "sat"}, "the cat sat on the mat".split())` is
+# `2 / 6 = 0.333...` (*on* and *mat*).
+#
+# <details><summary>Hint 1 — the idea</summary>Walk through the words one by one and count those the vocabulary lacks; divide by how many words you walked through. Duplicates count every time.</details>
+# <details><summary>Hint 2 — the plan</summary>A count and a division: the count is a <code>sum(...)</code> over the words of a test <code>word not in vocab</code> (True counts as 1); the denominator is <code>len(words)</code>, not the size of the vocabulary and not the number of distinct words.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "oov_rate", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def oov_rate(vocab, words) -> float:
+    """The share of the running words of `words` that are not in `vocab` (a float in [0, 1])."""
+    ### BEGIN SOLUTION
+    unknown = sum(1 for word in words if word not in vocab)  # every occurrence counts
+    return unknown / len(words)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "oov_rate_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_oov_rate(oov_rate)
+### BEGIN HIDDEN TESTS
+check_oov_rate(oov_rate, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+oov_rate_impl = yours_or_reference(oov_rate, check_oov_rate)
+
+# %% [markdown]
+# Now the measurement. Vocabularies of the 1,000, 2,000 and 5,000 most frequent training words, each tested on the
+# held-out words. **Predict** first: with 5,000 words, what share of the held-out text is unknown?
+
+# %%
+distinct_train = len(set(train_words))
+print(f"{'asked for':>10} | {'vocabulary':>10} | {'OOV rate (running words)':>24} | {'distinct unknown words':>22}")
+oov_by_size = {}
+for size in [1000, 2000, 5000]:
+    vocab = set(word_vocabulary(train_words, size))
+    rate = oov_rate_impl(vocab, val_words)
+    unknown_types = len({w for w in val_words if w not in vocab})
+    oov_by_size[size] = rate
+    print(f"{size:>10,} | {len(vocab):>10,} | {rate:>24.1%} | {unknown_types:>22,}")
+
+# %% [markdown]
+# Three lessons in four numbers. A 1,000-word vocabulary misses one held-out word in nine. Doubling it halves the
+# misses, but not to zero. And 5,000 is more words than the training text holds: the vocabulary stops at
+# its 2,788 distinct words, and still about one held-out word in 23 is unknown. More training text would
+# shrink that share without ever ending it: names, numbers, new terms and typos keep coming.
+#
+# Which words are missing? Some are not really new: they are forms of words the vocabulary has.
+
+# %%
+full_vocab = set(train_words)
+unknown = Counter(w for w in val_words if w not in full_vocab)
+
+
+def known_stem(word):
+    """A training word that `word` is a form of (plural, past tense, -ing...), or None."""
+    for suffix in ["s", "es", "ed", "d", "ing"]:
+        stem = word[: -len(suffix)]
+        if word.endswith(suffix) and len(stem) > 2:
+            for candidate in [stem, stem + "e"]:
+                if candidate in full_vocab:
+                    return candidate
+    return None
+
+
+forms = {w: known_stem(w) for w in unknown if known_stem(w)}
+share = sum(unknown[w] for w in forms) / sum(unknown.values())
+print(f"unknown running words that are a form of a known word: {share:.0%}")
+print("for example:", ", ".join(f"{w} ({s})" for w, s in list(forms.items())[:8]))
+print("forms of 'iterate' the training text has, each a separate vocabulary entry:",
+      sorted(w for w in full_vocab if w.startswith("iterat")))
+
+# %% [markdown]
+# Even a crude suffix test finds that one unknown word in seven is a plural, a past tense or an *-ing* form of a
+# training word. This is the problem Prince points out with *walk*, *walks*, *walked* and *walking*: a word vocabulary stores
+# every form as an unrelated entry, learns each from its own few examples, and knows nothing about a form it has
+# not seen, even when the stem is familiar. And then there is punctuation, which a word splitter must handle
+# somehow, and which matters (a question mark changes a sentence).
+#
+# ## 2. Characters: nothing unknown, everything long
+#
+# The opposite extreme: one token per character. The vocabulary is tiny and (nearly) closed:
+
+# %%
+alphabet = sorted(set(train_text))
+unseen_chars = set(val_text) - set(alphabet)
+print(f"{len(alphabet)} distinct characters in the training text; held-out characters never seen: {len(unseen_chars)}")
+print(f"one word is {len(val_text) / len(val_words):.1f} characters on average, spaces and punctuation included")
+
+# %% [markdown]
+# No held-out character is new, so nothing is `<unk>`. The price is length. The held-out text is 25,885
+# characters but only 3,917 words: the same text is 6.6 times longer as characters. Each character on its own
+# means almost nothing, so the layers must first learn to spell before they can learn meaning. And length is
+# expensive: self-attention compares every token with every token, $n^2$ pairs for $n$ tokens, so 6.6 times the
+# tokens is about 44 times the pairs.
+#
+# ## 3. Byte-pair encoding: learn the pieces from the data
+#
+# The compromise keeps frequent words whole and spells rare ones from frequent pieces. **Byte-pair encoding**
+# does it with one greedy rule. Sennrich, Haddow and Birch ("Neural Machine Translation of Rare Words with Subword
+# Units", ACL 2016) adapted it to words from a 1994 compression algorithm of Philip Gage:
+#
+# 1. Cut the text into words and count them.
+# 2. Spell every word as a sequence of symbols, one per character.
+# 3. Count every pair of neighbouring symbols, **inside words only**, each word weighted by its count.
+# 4. Merge the most frequent pair into one new symbol, everywhere; record the merge. Go back to 3.
+#
+# The vocabulary is the characters plus one new symbol per merge, so you choose its size by choosing the number
+# of merges. To encode new text, replay the recorded merges in the order they were learned. A word seen often
+# ends up as one token; a rare word is spelled from pieces; an unseen word is never unknown as long as its
+# characters are not.
+#
+# Step 1 uses the library's `pre_tokenize`. Like GPT-2, it keeps a word's leading space inside the word, so
+# that " the" (a word) and "the" inside "breathe" are different symbols, and decoding is just concatenation:
+
+# %%
+print(pre_tokenize("The cat, the hat.\nIt's 3.14!"))
+train_word_counts = word_counts(train_text)  # {word: count} for the whole training text
+print(f"{len(train_word_counts):,} distinct words; the most frequent:", train_word_counts.most_common(6))
+
+# %% [markdown]
+# Here is the first merge on the small word table of Sennrich et al.'s paper: *low* 5 times, *lower* twice,
+# *newest* 6 times, *widest* 3 times. (e, s) and (s, t) both occur 9 times (6 in *newest*, 3 in *widest*). The
+# tie goes to the pair whose symbols have the smaller **ids**: more on that rule in exercise 4.
+
+# %%
+draw_bpe_merge_step()
+plt.show()
+
+# %% [markdown]
+# ### Exercise 2 — `pair_counts`
+# > **Difficulty** ●○○ · **Importance** ●●● · about 5 minutes
+#
+# Write `pair_counts(word_counts)`: how often each pair of neighbouring symbols occurs.
+#
+# * `word_counts`: a dict `{word: count}` in which each word is a **tuple of symbols**, e.g.
+#   `{("l", "o", "w"): 5, ("l", "o", "w", "e", "r"): 2}`. Symbols may be longer than one character once
+#   merges have happened: `("lo", "w")`.
+# * returns a dict (a `Counter` is fine) `{(a, b): count}`: the key is the pair as a tuple, the count is the
+#   number of times `a` is directly followed by `b` inside a word, **each word weighted by its count**.
+#
+# Worked example: `pair_counts({("l", "o", "w"): 5, ("l", "o", "t"): 2})` is
+# `{("l", "o"): 7, ("o", "w"): 5, ("o", "t"): 2}`. And `("a", "a", "a")` holds the pair `("a", "a")` twice.
+#
+# <details><summary>Hint 1 — the idea</summary>Look at each word separately: its neighbouring pairs are positions 0–1, 1–2, and so on. A word that occurs 5 times contributes each of its pairs 5 times. Never pair the last symbol of one word with the first of the next.</details>
+# <details><summary>Hint 2 — the plan</summary>Two nested loops: over <code>word_counts.items()</code>, then over the pairs of one word, which <code>zip(word, word[1:])</code> produces. Add the word's count (not 1) to <code>counts[pair]</code>; a <code>Counter()</code> starts every pair at 0.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "pair_counts", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def pair_counts(word_counts: dict) -> dict:
+    """{(a, b): count} of neighbouring symbols inside words, each word weighted by its count.
+
+    word_counts: {tuple of symbols: count}.
+    """
+    ### BEGIN SOLUTION
+    counts = Counter()
+    for word, count in word_counts.items():
+        for pair in zip(word, word[1:]):  # neighbours inside this word only
+            counts[pair] += count  # the word occurs `count` times
+    return counts
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "pair_counts_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_pair_counts(pair_counts)
+### BEGIN HIDDEN TESTS
+check_pair_counts(pair_counts, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+pair_counts_impl = yours_or_reference(pair_counts, check_pair_counts)
+
+# %%
+toy_table = {tuple(word): count for word, count in {"low": 5, "lower": 2, "newest": 6, "widest": 3}.items()}
+print(sorted(pair_counts_impl(toy_table).items(), key=lambda item: -item[1])[:6])
+
+# %% [markdown]
+# ### Exercise 3 — `merge_pair`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
+#
+# Write `merge_pair(symbols, pair)`: the word `symbols` (a tuple) with every occurrence of `pair` replaced by the
+# single symbol `pair[0] + pair[1]`.
+#
+# * `symbols`: a tuple of strings; `pair`: a tuple `(first, second)`.
+# * returns a **tuple** (the trainer uses words as dictionary keys, and a list cannot be one).
+#
+# Scan **left to right**, and never let two matches share a symbol. Worked examples:
+#
+# * `merge_pair(("l", "o", "w", "e", "r"), ("l", "o"))` is `("lo", "w", "e", "r")`;
+# * `merge_pair(("a", "a", "a"), ("a", "a"))` is `("aa", "a")`: the first two merge, and the third `a` has no
+#   partner left;
+# * `merge_pair(("h", "ab", "c"), ("b", "c"))` changes nothing: `"ab"` is one symbol, not an `a` and a `b`.
+#
+# <details><summary>Hint 1 — the idea</summary>Walk along the word with an index. Where the symbol at the index and the next one form the pair, emit the merged symbol and jump over both; otherwise emit the symbol and step by one.</details>
+# <details><summary>Hint 2 — the plan</summary>A <code>while i &lt; len(symbols)</code> loop that appends to a list. The test for a match needs <code>i + 1 &lt; len(symbols)</code> first, then compares <code>symbols[i]</code> and <code>symbols[i + 1]</code> with the two halves of the pair (whole symbols, never substrings). A match moves <code>i</code> by 2, anything else by 1. Convert the list with <code>tuple(...)</code> at the end.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "merge_pair", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def merge_pair(symbols: tuple, pair: tuple) -> tuple:
+    """`symbols` with every occurrence of `pair` merged into one symbol, left to right, never overlapping."""
+    ### BEGIN SOLUTION
+    first, second = pair
+    merged, i = [], 0
+    while i < len(symbols):
+        if i + 1 < len(symbols) and symbols[i] == first and symbols[i + 1] == second:
+            merged.append(first + second)
+            i += 2  # both halves are used up: the next match starts after them
+        else:
+            merged.append(symbols[i])
+            i += 1
+    return tuple(merged)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "merge_pair_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_merge_pair(merge_pair)
+### BEGIN HIDDEN TESTS
+check_merge_pair(merge_pair, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+merge_pair_impl = yours_or_reference(merge_pair, check_merge_pair)
+
+# %% [markdown]
+# ### Exercise 4 — `train_bpe`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 20 minutes
+#
+# Write `train_bpe(word_counts, n_merges)`: the training loop, returning the list of merges in the order they
+# were learned.
+#
+# * `word_counts`: a dict `{word: count}` with each word a **string** (as `word_counts(text)` returns it).
+# * `n_merges`: how many merges to make; stop earlier if no word has two symbols left.
+# * returns a list of pairs `[(first, second), ...]`, at most `n_merges` long.
+#
+# Each iteration: count the pairs of the current word table (use `pair_counts_impl`), choose the most frequent
+# pair, record it, and merge it in every word (use `merge_pair_impl`). These two names are your functions once
+# they pass their checks, the library's until then.
+#
+# **Ties.** Real text has many pairs with equal counts, and which one wins changes everything after it. To make
+# exactly the merges Hugging Face `tokenizers` makes, break ties the way it does, by **ids**:
+#
+# * every character of the word table gets an id in code-point order: the ids of `sorted(characters)`;
+# * each merge gives its new symbol the next free id (unless that symbol already has one);
+# * among the pairs with the largest count, take the one whose **first** symbol has the smallest id; if that
+#   still ties, the one whose **second** symbol has the smallest id.
+#
+# So a pair of two characters beats a tied pair that contains a merged symbol, and compares by ids, not strings:
+# with `{"abc": 2, "ab": 1, "bd": 2}` the first merge is `("a", "b")`, and then `("b", "d")` beats `("ab", "c")`,
+# although the string `"ab"` sorts before `"b"`.
+#
+# Worked example: the table of the picture above, `{"low": 5, "lower": 2, "newest": 6, "widest": 3}`, gives the
+# first four merges `[("e", "s"), ("es", "t"), ("l", "o"), ("lo", "w")]`.
+#
+# <details><summary>Hint 1 — the idea</summary>Keep a dict <code>{tuple of symbols: count}</code> as the current word table, and a dict of ids. Each turn of the loop: count, pick, record, update the ids, rewrite every word. The counts must be recomputed every turn, because each merge changes the table.</details>
+# <details><summary>Hint 2 — the plan</summary>Before the loop: spell each word with <code>tuple(word)</code>, and number the characters <code>{ch: i for i, ch in enumerate(sorted(...))}</code>. In the loop, <code>break</code> when the pair counts are empty; otherwise choose with <code>best = max(pairs, key=lambda p: (pairs[p], -ids[p[0]], -ids[p[1]]))</code> (largest count first, then the smallest ids), give <code>best[0] + best[1]</code> an id if it has none, and rebuild the table with <code>merge_pair_impl(word, best)</code> as each new key.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "train_bpe", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def train_bpe(word_counts: dict, n_merges: int) -> list:
+    """BPE merges learned from {word (str): count}, in the order learned; ties to the smallest ids."""
+    ### BEGIN SOLUTION
+    words = {tuple(word): count for word, count in word_counts.items()}  # each word spelled as characters
+    ids = {ch: i for i, ch in enumerate(sorted({ch for word in words for ch in word}))}
+    merges = []
+    for _ in range(n_merges):
+        pairs = pair_counts_impl(words)
+        if not pairs:
+            break  # every word is a single symbol
+        best = max(pairs, key=lambda p: (pairs[p], -ids[p[0]], -ids[p[1]]))
+        merges.append(best)
+        ids.setdefault(best[0] + best[1], len(ids))  # the new symbol takes the next id
+        words = {merge_pair_impl(word, best): count for word, count in words.items()}
+    return merges
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "train_bpe_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_train_bpe(train_bpe)
+### BEGIN HIDDEN TESTS
+check_train_bpe(train_bpe, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+train_bpe_impl = yours_or_reference(train_bpe, check_train_bpe)
+
+# %% [markdown]
+# Now train on real text: 200 merges on the first 60,000 characters of the training text, about a quarter of
+# it. (A plain Python trainer recounts every pair of every word at each merge, a few seconds here; the library's
+# `train_bpe` only updates the counts of the words a merge touches, and `tokenizers` does the same in Rust.)
+
+# %% tags=["nbval-ignore-output"]
+BPE_TEXT, N_MERGES = train_text[:60_000], 200
+bpe_word_counts = word_counts(BPE_TEXT)
+start = time.perf_counter()
+merges = train_bpe_impl(bpe_word_counts, N_MERGES)
+print(f"{N_MERGES} merges on {len(bpe_word_counts):,} distinct words in {time.perf_counter() - start:.1f} s")
+
+# %%
+print(f"{len(merges)} merges; the first 12:")
+print([a + b for a, b in merges[:12]])
+print("merges 150 to 161:", [a + b for a, b in merges[150:162]])
+
+# %% [markdown]
+# The first merges are the glue of English: a space before a letter (`␣t`, `␣a`, `␣i`), *he*, and at merge 5 the
+# most frequent word, ` the`, with its leading space; then *on*, *or*, *te*, *re*, *in*. By merge 150 the new
+# symbols are pieces of the help pages' own vocabulary (`ation`, `unction`, `thod`, ` state`), and merge 200
+# completes ` arguments`.
+#
+# **Does your trainer do what the real library does?** Train Hugging Face `tokenizers`' `BpeTrainer` on the
+# same text, with the same word split, and compare the two merge lists one by one. (We give it every character
+# of the whole training text as its alphabet, so that it has an id for every character of the held-out text.
+# Characters come first in code-point order either way, so the ids compare the same and ties go the same way.)
+
+# %%
+hf_tokenizer, hf_merges, hf_vocab = train_bpe_with_tokenizers([BPE_TEXT], N_MERGES, alphabet=alphabet)
+same = [a == b for a, b in zip(merges, hf_merges)]
+print(f"merges learned: yours {len(merges)}, tokenizers {len(hf_merges)}; identical: {sum(same)} of {len(same)}")
+print(f"{'#':>3} | {'yours':>16} | {'tokenizers':>16}")
+for k in list(range(8)) + [99, 199]:
+    print(f"{k + 1:>3} | {str(merges[k]):>16} | {str(hf_merges[k]):>16}")
+
+# %% [markdown]
+# All 200 merges are identical, in the same order. That is only possible because the tie rule matches: ties are
+# common in real text, and a trainer that compares strings instead of ids (or takes the pair it saw first) parts
+# ways with `tokenizers` early on this text.
+#
+# ### Exercise 5 — `encode_word`
+# > **Difficulty** ●○○ · **Importance** ●●● · about 10 minutes
+#
+# Training produced a list of merges. Encoding a word replays them: start from its characters and apply the
+# merges **in the order they were learned**, each one everywhere in the word.
+#
+# Write `encode_word(word, merges)`.
+#
+# * `word`: a string (a pre-tokenised word, possibly with its leading space).
+# * `merges`: a list of pairs, as `train_bpe` returns it.
+# * returns the list of tokens (strings); joined together, they spell the word.
+#
+# Worked examples: with the four merges of the worked example above, `encode_word("lowest", merges)` is
+# `["low", "est"]`. With `[("b", "c"), ("a", "b")]`, `encode_word("abc", ...)` is `["a", "bc"]`: `(b, c)` was
+# learned first, so it wins where the two overlap.
+#
+# <details><summary>Hint 1 — the idea</summary>The merges are a recipe to follow in order. Spell the word as characters, then for each recorded merge, in order, merge it wherever it occurs. Do not search the vocabulary for the longest piece that fits: that is how WordPiece encodes, and it gives different tokens.</details>
+# <details><summary>Hint 2 — the plan</summary>Start from <code>tuple(word)</code>; one <code>for</code> loop over <code>merges</code> that replaces the symbols by <code>merge_pair_impl(symbols, pair)</code>; return the symbols as a list.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "encode_word", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def encode_word(word: str, merges: list) -> list:
+    """The tokens of one word: its characters with every merge applied, in the order learned."""
+    ### BEGIN SOLUTION
+    symbols = tuple(word)
+    for pair in merges:  # the order of training
+        symbols = merge_pair_impl(symbols, pair)
+    return list(symbols)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "encode_word_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_encode_word(encode_word)
+### BEGIN HIDDEN TESTS
+check_encode_word(encode_word, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+encode_word_impl = yours_or_reference(encode_word, check_encode_word)
+
+# %% [markdown]
+# A whole text is encoded word by word: pre-tokenise, encode each word, concatenate. Words repeat a lot, so each
+# distinct word is encoded once:
+
+# %%
+def bpe_encode(text, merges):
+    """Tokens of a whole text: pre_tokenize, then encode_word_impl each word (each distinct word once)."""
+    cache, tokens = {}, []
+    for word in pre_tokenize(text):
+        if word not in cache:
+            cache[word] = encode_word_impl(word, merges)
+        tokens += cache[word]
+    return tokens
+
+
+for word in [" the", " function", " tokenization", " walked", " walking", " iterating"]:
+    print(f"{word!r:>16} -> {encode_word_impl(word, merges)}")
+
+# %% [markdown]
+# Frequent words are single tokens; rarer ones are spelled from pieces the text uses often. Now the whole
+# held-out text, compared with `tokenizers`' encoder, and decoded back:
+
+# %%
+val_tokens = bpe_encode(val_text, merges)
+hf_encoding = hf_tokenizer.encode(val_text)
+bpe_vocab = vocabulary_from_merges(merges, alphabet)  # the characters, then one symbol per merge
+val_ids = tokens_to_ids(val_tokens, bpe_vocab)
+print(f"held-out text: {len(val_text):,} characters -> {len(val_tokens):,} tokens, "
+      f"{len(val_text) / len(val_tokens):.2f} characters per token; vocabulary of {len(bpe_vocab)}")
+print("same tokens as tokenizers:", val_tokens == hf_encoding.tokens, "| same ids:", val_ids == hf_encoding.ids)
+print("decoded text == original:", "".join(val_tokens) == val_text)
+
+# %% [markdown]
+# Your tokenizer and `tokenizers` agree token for token and id for id on 25,885 characters of text neither saw
+# in training. With only 200 merges learned on a quarter of the training text (a vocabulary of 103 characters
+# + 200 merges = 303 tokens), the text already takes 1.83 characters per token, and nothing is unknown.
+# Notice *walked* and *walking* above: the same three pieces, then `ed` or `ing`.
+#
+# ## 4. Byte-level BPE in practice, with `tokenizers`
+#
+# Real models train their tokenizer with a fast library. GPT-2 (Radford et al., "Language Models are
+# Unsupervised Multitask Learners", 2019) made one more change: BPE over **bytes** instead of characters. Text is
+# first encoded as UTF-8, and the starting alphabet is the 256 possible byte values. Every string in every script
+# is a sequence of bytes, so nothing can ever be unknown, with an alphabet of only 256 symbols. (`tokenizers`
+# shows each byte as a printable character: a space is `Ġ`.)
+#
+# `train_byte_level_bpe` trains one with `tokenizers` (two special tokens, `<|endoftext|>` and `<pad>`, take the
+# first ids). How much does a larger vocabulary shorten the text? **Predict**: from 500 to 4,000 tokens, eight
+# times the vocabulary, how many times fewer tokens?
+
+# %%
+VOCAB_SIZES = [500, 1000, 2000, 4000]
+byte_tokenizers = {size: train_byte_level_bpe([train_text], vocab_size=size) for size in VOCAB_SIZES}
+chars_per_token = {}
+print(f"{'vocabulary':>10} | {'held-out tokens':>15} | {'characters per token':>20}")
+for size, tokenizer in byte_tokenizers.items():
+    n_tokens = len(tokenizer.encode(val_text).ids)
+    chars_per_token[size] = len(val_text) / n_tokens
+    print(f"{size:>10,} | {n_tokens:>15,} | {chars_per_token[size]:>20.2f}")
+
+# %%
+fig, ax = plt.subplots(figsize=(5.5, 3.4))
+ax.semilogx(VOCAB_SIZES, [chars_per_token[s] for s in VOCAB_SIZES], "o-", label="byte-level BPE (tokenizers)")
+ax.semilogx([len(bpe_vocab)], [len(val_text) / len(val_tokens)], "s", label="your BPE (200 merges, 1/4 of the text)")
+ax.axhline(len(val_text) / len(val_words), color="grey", ls="--", lw=1, label="whole words (with unknowns)")
+ax.axhline(1.0, color="grey", ls=":", lw=1, label="characters")
+ax.set_xlabel("vocabulary size")
+ax.set_ylabel("characters per token (held-out)")
+ax.set_xticks([len(bpe_vocab)] + VOCAB_SIZES, [str(s) for s in [len(bpe_vocab)] + VOCAB_SIZES])
+ax.set_xticks([], minor=True)
+ax.legend(fontsize=7)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The returns diminish: each doubling of the vocabulary buys less. Eight times the vocabulary gives 1.8 times
+# fewer tokens, and whole words (6.6 characters per token on this text, with 4% unknown) remain out of reach. A
+# larger table also costs parameters (section 7) and leaves rare tokens with few training examples. Published
+# models trained on far more text use larger vocabularies: about 30,000 tokens for BERT, 50,257 for GPT-2.
+#
+# **Shared pieces.** *Walk* never occurs in the help pages, yet the forms of a word come out with a common
+# stem, and the endings are tokens of their own that every verb shares:
+
+# %%
+for size in [1000, 4000]:
+    tokenizer = byte_tokenizers[size]
+    for word in [" walked", " walking", " iterated", " iterating"]:
+        print(f"vocabulary {size:>5}: {word!r:>12} -> {tokenizer.encode(word).tokens}")
+
+# %% [markdown]
+# With 1,000 tokens, *walked* and *walking* are `Ġw al k` followed by `ed` and `ing`: the same stem, the same
+# endings as thousands of other verbs. The model sees what a word vocabulary hides, that the two are one verb.
+#
+# **No unknowns, exact round trips.** Any string goes in, and decoding gives back exactly the string:
+
+# %%
+tokenizer = byte_tokenizers[4000]
+for text in ["Tokenizers split text.", "naïve café, 3.14 ≥ π", "苹果公司发布了新手机", "emoji 🍎\tand\ttabs\n"]:
+    ids = tokenizer.encode(text).ids
+    print(f"{len(text):>3} characters -> {len(ids):>3} tokens, round trip exact: {tokenizer.decode(ids) == text}   {text!r}")
+print("whole held-out text, round trip exact:", tokenizer.decode(tokenizer.encode(val_text).ids) == val_text)
+
+# %% [markdown]
+# ## 5. Why Chinese models predict characters
+#
+# The Chinese sentence above, *苹果公司发布了新手机* ("Apple released a new phone"), is 10 characters and came out
+# as 30 tokens. Look at them:
+
+# %%
+zh = "苹果公司发布了新手机"
+print("tokens:", tokenizer.encode(zh).tokens)
+print("UTF-8 bytes per character:", [len(ch.encode("utf-8")) for ch in zh])
+
+# %% [markdown]
+# Each Chinese character is three bytes in UTF-8, and our tokenizer, trained on English, learned no merge for
+# them: every byte is a token, and the tokens are meaningless fragments (`è`, `ĭ`, `¹` are bytes shown as
+# characters). It works, since nothing is unknown and decoding is exact, but the sequence is three times longer
+# than the characters, and attention pays nine times the pairs.
+#
+# A tokenizer trained on Chinese text would merge those bytes back into characters. But Chinese models usually go
+# further and make the **character** the token, for two reasons. Chinese has no spaces, so there are no words to
+# pre-tokenise: finding word boundaries is itself an ambiguous task that needs a model. And the set of
+# characters in use is small enough (a few thousand cover almost all text) to be the vocabulary itself, while
+# words, as section 1 showed, never run out. BERT does exactly this. Its subword method is **WordPiece**
+# (Schuster and Nakajima, "Japanese and Korean Voice Search", ICASSP 2012; used for translation by Wu et al.,
+# "Google's Neural Machine Translation System", 2016), a cousin of BPE that chooses merges by how much they raise
+# the likelihood of the training text and encodes a word by the longest vocabulary piece first. Before WordPiece
+# runs, BERT's tokenizer puts a space around every CJK character, so that, in the words of the BERT repository
+# (`google-research/bert`, the docstring of `_tokenize_chinese_chars`), Chinese is "effectively
+# character-tokenized". `tokenizers` ships the same normaliser:
+
+# %%
+bert_normalizer = normalizers.BertNormalizer(handle_chinese_chars=True, lowercase=True)
+spaced = bert_normalizer.normalize_str(zh + " Apple")
+print(repr(spaced))
+print([piece for piece, _ in pre_tokenizers.BertPreTokenizer().pre_tokenize_str(spaced)])
+
+# %% [markdown]
+# Every character is its own word, and WordPiece cannot merge across words, so the Chinese part of the
+# vocabulary is characters. Google's Chinese BERT (`bert-base-chinese`) has 21,128 tokens, and its masked
+# language model predicts one character out of them. Cui et al. ("Pre-Training with Whole Word Masking for
+# Chinese BERT", 2021) keep that character vocabulary: they only choose which characters to hide by words, hiding
+# all the characters of a word at once, and the model still predicts characters.
+#
+# ## 6. The attention bill
+#
+# Self-attention compares every token with every token: for a text of $C$ characters cut into $n = C / r$ tokens,
+# where $r$ is the number of characters per token, the scores matrix has
+#
+# $$n^2 = \frac{C^2}{r^2}$$
+#
+# entries, per head and per layer. The tokenizer divides the attention cost by $r^2$. For each tokenizer of this
+# chapter, the number of tokens of a 1,000-character paragraph and the cost relative to characters:
+
+# %%
+rows = [("characters", 1.0)]
+rows += [(f"byte-level BPE, vocabulary {s:,}", chars_per_token[s]) for s in VOCAB_SIZES]
+rows += [("whole words (4% unknown)", len(val_text) / len(val_words))]
+rows += [("Chinese through the English BPE", len(zh) / len(tokenizer.encode(zh).ids))]
+print(f"{'tokenizer':>32} | {'chars/token r':>13} | {'tokens per 1,000 chars':>22} | {'pairs vs characters 1/r^2':>25}")
+for name, r in rows:
+    print(f"{name:>32} | {r:>13.2f} | {1000 / r:>22.0f} | {1 / r ** 2:>25.3f}")
+
+# %% [markdown]
+# Going from characters to a 4,000-token BPE divides the attention cost by about 15; the step from 500 to 4,000
+# tokens alone divides it by 3.3. A context window is counted in tokens, so the same model also *reads* 3.8 times
+# more text at once. And the last row is the bill for a script the tokenizer was not trained on: 9 times the
+# pairs of a character vocabulary.
+#
+# ## 7. The embedding table
+#
+# The tokenizer's job ends with a list of ids. The model's first layer turns each id into a vector of size
+# $d_{model}$ by looking it up in a table $E$ of shape `[vocab, d_model]`: token $i$ gets row $i$. Prince writes
+# the same thing as a matrix product (with vectors as columns, $X = \Omega_e T$): encode each token as a
+# **one-hot** vector, all zeros except a 1 at its id, and multiply by the table. The one-hot row selects one row
+# of the table; the table is a parameter like any other, learned by gradient descent.
+
+# %% [markdown]
+# ### Exercise 6 — `embedding_lookup`
+# > **Difficulty** ●○○ · **Importance** ●●○ · about 5 minutes
+#
+# Write `embedding_lookup(ids, table)` **as a matrix product**: one-hot rows times the table.
+#
+# * `ids`: an integer (int64) tensor of any shape `[...]`, values in `[0, vocab)`.
+# * `table`: `[vocab, d_model]`, float32 or float64.
+# * returns `[..., d_model]` in the table's dtype: one row per id.
+#
+# Worked example: with `table = torch.arange(12.).reshape(4, 3)` (4 tokens, $d_{model} = 3$),
+# `embedding_lookup(torch.tensor([2, 0]), table)` is `[[6., 7., 8.], [0., 1., 2.]]`: rows 2 and 0.
+#
+# <details><summary>Hint 1 — the idea</summary>Build the one-hot matrix of the ids: one row per id, one column per token of the vocabulary, a single 1 per row. A row with its 1 in column i, times the table, is row i of the table.</details>
+# <details><summary>Hint 2 — the plan</summary><code>F.one_hot</code> makes the one-hot matrix, shape <code>[..., vocab]</code>, as int64. Give it the vocabulary size as <code>num_classes</code> (the number of rows of the table, not the largest id + 1, which may be smaller), convert it to the table's dtype, then <code>@ table</code> gives <code>[..., d_model]</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "embedding_lookup", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def embedding_lookup(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """one_hot(ids) @ table: ids [...] (int64) and table [vocab, d_model] -> [..., d_model]."""
+    ### BEGIN SOLUTION
+    one_hot = F.one_hot(ids, table.shape[0]).to(table.dtype)  # [..., vocab]: one 1 per row
+    return one_hot @ table  # [..., d_model]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "embedding_lookup_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_embedding_lookup(embedding_lookup)
+### BEGIN HIDDEN TESTS
+check_embedding_lookup(embedding_lookup, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+embedding_lookup_impl = yours_or_reference(embedding_lookup, check_embedding_lookup)
+
+# %% [markdown]
+# Now the first sentence of the held-out text, through your tokenizer and into a table of our BPE's size.
+# The product equals plain indexing, `table[ids]`, and PyTorch's `nn.Embedding` holding the same table:
+
+# %%
+sentence = val_text[: val_text.index(".") + 1]
+ids = torch.tensor(tokens_to_ids(bpe_encode(sentence, merges), bpe_vocab))  # [seq]
+d_model = 8
+embedding = torch.nn.Embedding(len(bpe_vocab), d_model)
+table = embedding.weight.detach()  # [vocab, d_model]
+x = embedding_lookup_impl(ids, table)  # [seq, d_model]
+print(f"{sentence!r}\n-> {len(ids)} ids -> embeddings of shape {list(x.shape)}")
+print("one-hot @ table == table[ids]:", torch.equal(x, table[ids]), "| == nn.Embedding(ids):",
+      torch.equal(x, embedding(ids).detach()))
+
+# %% [markdown]
+# Two consequences of "the lookup is a product". First, its gradient: the derivative of $\mathrm{onehot} \cdot E$
+# with respect to $E$ is non-zero only in the rows of tokens that occur, so one training step updates only the
+# embeddings of the tokens in the batch (`nn.Embedding` uses exactly that and never builds the one-hot matrix).
+# Second, the same matrix read the other way, a vector times $E^\top$, gives one score per token of the
+# vocabulary: exactly what the output layer computes. That is why many models **share** one matrix between the
+# embedding and the output layer (*Attention Is All You Need*, section 3.4, shares it between both embeddings and
+# the pre-softmax linear layer).
+
+# %%
+table_param = table.clone().requires_grad_(True)
+embedding_lookup_impl(ids, table_param).sum().backward()
+rows_with_gradient = table_param.grad.abs().sum(dim=-1).nonzero().flatten()
+print(f"rows with a non-zero gradient: {len(rows_with_gradient)} of {len(bpe_vocab)}; "
+      f"distinct ids in the sentence: {len(set(ids.tolist()))}")
+
+# %% [markdown]
+# The table is also big. It has vocab × $d_{model}$ parameters. Prince quotes a typical $|V| = 30{,}000$ with
+# $D = 1{,}024$, about 31 million parameters, before any Transformer layer:
+
+# %%
+for vocab_size, width in [(4000, 512), (30000, 1024), (50257, 768)]:
+    print(f"vocabulary {vocab_size:>6,} x d_model {width:>5,} = {vocab_size * width / 1e6:>5.1f} M parameters")
+
+# %% [markdown]
+# (50,257 × 768 is GPT-2 small's table: 39 M of its 124 M parameters.)
+#
+# ## 8. The sqrt(d_model) scale, measured
+#
+# *Attention Is All You Need* (section 3.4) multiplies the embedding weights by $\sqrt{d_{model}}$ before adding
+# the positional encoding, and the library's `TokenEmbedding` does the same. The usual explanation: so that the
+# token embedding is not drowned by the positions. Whether that is true depends on how big the embeddings are in
+# the first place, which depends on how the table was **initialised**. Three common choices:
+#
+# * `nn.Embedding`'s default: every entry $\mathcal{N}(0, 1)$;
+# * $\mathcal{N}(0, 1/d_{model})$, the choice of tied-weight models such as fairseq's Transformer, where the table
+#   doubles as the output layer and starts at a linear layer's size;
+# * Xavier (Glorot) uniform, which the library's `EncoderDecoder` applies to every matrix, embeddings included.
+#
+# The sinusoidal positional encoding (chapter 04) has a fixed size: each (sin, cos) pair contributes
+# $\sin^2 + \cos^2 = 1$, so every position vector has norm exactly $\sqrt{d_{model}/2}$.
+#
+# We measure three things for $d_{model} = 64$ and $512$ and a vocabulary of 4,000: the average norm of a token's
+# vector, with and without the scale, against the positional norm; and a probe of what survives in the sum
+# $x = s\,e_{token} + p_{pos}$. The probe asks a dot product to find the token back (the row of the table most
+# aligned with $x$) and the position back (the most aligned positional vector), for 1,000 random tokens at random
+# positions out of 256. Chance is 1 in 4,000 for the token and 1 in 256 for the position. **Predict** before
+# running: with `nn.Embedding`'s default, does the scale help or hurt?
+
+# %%
+def sum_probe(table, pe, scale, n=1000, seed=8):
+    """Share of tokens and of positions a dot product recovers from scale * table[id] + pe[pos]."""
+    g = torch.Generator().manual_seed(seed)
+    token_ids = torch.randint(table.shape[0], (n,), generator=g)
+    positions = torch.randint(pe.shape[0], (n,), generator=g)
+    x = scale * table[token_ids] + pe[positions]  # [n, d_model]
+    token_found = ((x @ table.T).argmax(-1) == token_ids).float().mean().item()
+    position_found = ((x @ pe.T).argmax(-1) == positions).float().mean().item()
+    return token_found, position_found
+
+
+INITS = {
+    "N(0, 1), nn.Embedding": lambda t: torch.nn.init.normal_(t, 0.0, 1.0),
+    "N(0, 1/d_model)": lambda t: torch.nn.init.normal_(t, 0.0, t.shape[1] ** -0.5),
+    "Xavier uniform": torch.nn.init.xavier_uniform_,
+}
+VOCAB, MAX_LEN = 4000, 256
+scale_results = []
+for d in [64, 512]:
+    pe = sinusoidal_encoding(MAX_LEN, d)  # [256, d], every row of norm sqrt(d / 2)
+    for name, init in INITS.items():
+        torch.manual_seed(d)
+        emb_table = init(torch.empty(VOCAB, d))  # [vocab, d]
+        norm = emb_table.norm(dim=-1).mean().item()
+        for scale in [1.0, math.sqrt(d)]:
+            token_found, position_found = sum_probe(emb_table, pe, scale)
+            scale_results.append((d, name, scale, scale * norm, pe.norm(dim=-1).mean().item(), token_found,
+                                  position_found))
+
+print(f"{'d':>3} | {'init':>22} | {'scale':>6} | {'|token|':>8} | {'|position|':>10} | {'token found':>11} | "
+      f"{'position found':>14}")
+for d, name, scale, token_norm, pe_norm, token_found, position_found in scale_results:
+    print(f"{d:>3} | {name:>22} | {scale:>6.2f} | {token_norm:>8.2f} | {pe_norm:>10.2f} | {token_found:>11.1%} | "
+          f"{position_found:>14.1%}")
+
+# %%
+SHORT = {"N(0, 1), nn.Embedding": "N(0, 1)", "N(0, 1/d_model)": "N(0, 1/d)", "Xavier uniform": "Xavier"}
+fig, axes = plt.subplots(1, 2, figsize=(9, 3.2), sharey=True)
+for ax, d in zip(axes, [64, 512]):
+    mine = [r for r in scale_results if r[0] == d]
+    labels = [f"{SHORT[r[1]]}\n{'x sqrt(d)' if r[2] > 1 else 'unscaled'}" for r in mine]
+    ax.bar(range(len(mine)), [r[3] for r in mine], color=["#9ecae1" if r[2] == 1 else "#3182bd" for r in mine])
+    ax.axhline(mine[0][4], color="#e6550d", lw=1.5, label=f"|position| = sqrt(d/2) = {mine[0][4]:.1f}")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(mine)), labels, fontsize=6.5)
+    ax.set_title(f"d_model = {d}: norm of a token's vector", fontsize=9)
+    ax.legend(fontsize=7)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The scale is right for one initialisation and wrong for another:
+#
+# * **$\mathcal{N}(0, 1)$, `nn.Embedding`'s default.** The token vector already has norm $\approx\sqrt{d}$, larger
+#   than the position's $\sqrt{d/2}$, and both are found back (100% and 94% at $d = 512$). Multiplying by
+#   $\sqrt{d}$ makes the token 32 times the position at $d = 512$, and the position is lost (1.0%, chance is 0.4%):
+#   here the scale **hurts**, and the model would have to learn to shrink its embeddings to see word order.
+# * **$\mathcal{N}(0, 1/d)$, the tied-weight initialisation.** The token vector has norm $\approx 1$ against the
+#   position's 16, and the token drowns (1.5% found). The scale brings it to $\sqrt{d}$, the same size as the
+#   position, and both survive: exactly the $\mathcal{N}(0, 1)$ row without scale. This is the case the
+#   scale was made for: a table small enough to serve as the output layer, made large enough to hold its own
+#   against the positions.
+# * **Xavier uniform** on a `[4000, d]` table gives entries of variance $2/(4000 + d)$, smaller still, and the
+#   scale again rescues the token (0.2% → 100% at $d = 512$). At $d = 64$ it is not enough (4%): the Xavier table
+#   shrinks as the vocabulary grows.
+#
+# So "multiply by $\sqrt{d_{model}}$" is not a law of nature but a correction that pairs with a small
+# initialisation. Training moves the norms anyway; what the scale sets is the balance at the start. The library's
+# `EncoderDecoder` re-initialises its embedding tables with Xavier, so for it the scale is the rescue of the last
+# row, not the harm of the first.
+
+# %% [markdown]
+# ## Summary
+#
+# * **Whole words** leave part of new text unknown, whatever the vocabulary: 11.4% of held-out words with 1,000
+#   words, 5.9% with 2,000, and 4.3% with all 2,788 words of the training text. Many of the missing words are forms
+#   of known ones (plurals, past tenses).
+# * **Characters** leave nothing unknown but make the text 6.6 times longer, about 44 times the attention pairs.
+# * **BPE** learns its vocabulary by merging the most frequent pair of neighbouring symbols, inside words,
+#   weighted by word counts, and encodes by replaying the merges in order. Your trainer, with ties broken by ids,
+#   made the same 200 merges as `tokenizers` and encoded the held-out text to the same tokens and ids.
+# * **Byte-level BPE** (GPT-2) starts from the 256 bytes, so any string is encodable and decodes exactly. On this
+#   text, 500 to 4,000 tokens give 2.1 to 3.8 characters per token; the attention cost falls with the square.
+#   Forms of a word share their stem and their endings.
+# * **Chinese** through an English byte-level BPE costs 3 tokens per character; Chinese models (BERT's
+#   `bert-base-chinese`, 21,128 tokens) use the character as the token.
+# * The **embedding table** is a lookup that equals one-hot rows times the table; only the rows of the tokens
+#   present get a gradient.
+# * The **sqrt(d_model) scale** balances the token against the position when the table starts small
+#   ($\mathcal{N}(0, 1/d)$, Xavier) and swamps the position when it starts at $\mathcal{N}(0, 1)$.
+#
+# ## What's next
+#
+# Chapter 09 builds **BERT**: an encoder-only Transformer whose input is exactly this chapter's pipeline
+# (WordPiece tokens, an embedding table, learned positions) plus two special tokens, `[CLS]` and `[SEP]`, trained
+# by hiding 15% of the tokens and predicting them.
+
+# %% [markdown]
+# ## Where you stand
+#
+# The six exercises of this chapter, and whether their last check passed. Fix an exercise, run its test cell
+# again, then run this cell.
+
+# %%
+exercise_summary(check_oov_rate, check_pair_counts, check_merge_pair, check_train_bpe, check_encode_word,
+                 check_embedding_lookup)
+
+# %% [markdown]
+# ## Glossary · 术语表
+#
+# | English | 中文 | Meaning |
+# |---|---|---|
+# | tokenizer | 分词器 | cuts text into tokens from a fixed vocabulary and maps them to ids |
+# | token | 词元 / token | one piece of text the model reads: a word, a subword, a character or a byte |
+# | vocabulary | 词表 | the fixed list of tokens; a token's position in it is its id |
+# | out-of-vocabulary (OOV) | 未登录词 / 词表外词 | a word the vocabulary lacks, replaced by `<unk>` in a word-level model |
+# | subword | 子词 | a piece of a word, e.g. `ing`; frequent words stay whole, rare ones are spelled from subwords |
+# | byte-pair encoding (BPE) | 字节对编码 | learns merges of the most frequent neighbouring pair; encodes by replaying them |
+# | merge | 合并（规则） | one learned rule: the pair (a, b) becomes the symbol ab, everywhere, left to right |
+# | pre-tokenization | 预分词 | the split into words that BPE's merges never cross |
+# | byte-level BPE | 字节级 BPE | BPE over the 256 UTF-8 byte values (GPT-2): no string is ever unknown |
+# | WordPiece | WordPiece | BERT's subword method (Schuster & Nakajima 2012; Wu et al. 2016); encodes by longest match |
+# | character-level tokenization | 按字切分 / 字级别分词 | one token per character, as Chinese BERT does for Chinese |
+# | embedding table / matrix | 嵌入矩阵 / 词嵌入表 | `[vocab, d_model]` parameters; token i's vector is row i |
+# | one-hot vector | 独热向量 | all zeros except a 1 at the token's id; times the table, it picks one row |
+# | weight tying | 权重共享 | one matrix for the input embedding and the output layer |

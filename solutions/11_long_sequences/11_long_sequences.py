@@ -1,0 +1,920 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 11 — Long sequences: sparse, linear and flash attention
+#
+# Self-attention lets every token look at every other token. That is its strength, and for long inputs it is
+# also its weakness: $n$ tokens make $n^2$ query–key pairs. A sentence of 50 tokens gives 2,500 pairs,
+# nothing at all. A book chapter of 16,000 tokens gives 256 million pairs, for every head of every layer. Double
+# the length and the cost is multiplied by four; double it again and it is multiplied by sixteen.
+#
+# This chapter measures that cost and then takes apart the main ways around it:
+#
+# 1. **The quadratic cost, measured**: time and memory of dense attention as $n$ doubles, on a log-log plot.
+# 2. **Sparse interaction patterns**: let each token talk to a few others only. A sliding window, a dilated
+#    window, selected positions that see everything, and extra global tokens, drawn as interaction matrices.
+# 3. **The receptive field**: a window sees little in one layer, but stacked layers see further and further.
+# 4. **Banded attention**: a sliding window computed in $O(n \cdot w)$ time and memory, with the same result as
+#    dense attention under the window's mask.
+# 5. **Linear attention**: change the similarity so that the $n \times n$ matrix never has to exist, and
+#    measure how different the result is from softmax attention.
+# 6. **The online softmax behind FlashAttention**: *exact* attention, keys taken block by block, never holding
+#    the $n \times n$ matrix. It saves memory traffic, not arithmetic.
+# 7. **All of them side by side**, with PyTorch's fused `scaled_dot_product_attention` measured on the CPU.
+#
+# Six exercises are autograded: `sliding_window_mask`, `dilated_mask`, `global_token_mask`, `receptive_field`,
+# `causal_linear_attention` and `online_softmax_step`.
+#
+# The patterns follow Simon J. D. Prince, *Understanding Deep Learning* (MIT Press, 2023), section 12.9, and the
+# papers that introduced them: Child et al., "Generating Long Sequences with Sparse Transformers" (2019); Beltagy
+# et al., "Longformer: The Long-Document Transformer" (2020); Zaheer et al., "Big Bird: Transformers for Longer
+# Sequences" (2020); Katharopoulos et al., "Transformers are RNNs: Fast Autoregressive Transformers with Linear
+# Attention" (2020); and Dao et al., "FlashAttention: Fast and Memory-Efficient Exact Attention with
+# IO-Awareness" (2022). The masks use the course's convention: boolean, **True = may attend**.
+
+# %%
+import math
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from transformer_lib import sparse
+from transformer_lib.attention import scaled_dot_product_attention, softmax
+from transformer_lib.checks import exercise_summary, yours_or_reference
+from transformer_lib.checks.ch11 import (
+    check_causal_linear_attention,
+    check_dilated_mask,
+    check_global_token_mask,
+    check_online_softmax_step,
+    check_receptive_field,
+    check_sliding_window_mask,
+)
+from transformer_lib.diagrams.ch11 import draw_interaction_patterns, draw_online_softmax
+
+torch.manual_seed(0)
+torch.set_printoptions(precision=4, sci_mode=False)
+D = 64  # the size of one attention head in most Transformers (BERT-base, GPT-2: 768 / 12 heads)
+
+
+def random_qkv(n, d=D, seed=0):
+    """Queries, keys and values of one head for a sequence of n tokens: three [1, n, d] tensors."""
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(1, n, d, generator=g) for _ in range(3))
+
+
+# %% [markdown]
+# ## 1. The quadratic cost, measured
+#
+# Dense attention for one head computes the score matrix $S = Q K^\top / \sqrt{d}$, of shape $n \times n$, turns
+# every row into weights with a softmax, and multiplies the weights by $V$. Counting one multiply and one add
+# as two floating-point operations (FLOPs), the two matrix products cost $2 n^2 d$ each, so **$4 n^2 d$ FLOPs**,
+# and the score matrix alone holds **$n^2$ numbers**. Before measuring anything, here is what the formulas say
+# for $d = 64$:
+
+# %%
+print(f"{'n':>6} | {'pairs n^2':>12} | {'one n x n float32 matrix':>24} | {'FLOPs 4 n^2 d':>16}")
+for n in [512, 1024, 2048, 4096, 8192, 16384]:
+    print(f"{n:>6} | {n * n:>12,} | {n * n * 4 / 2**20:>20,.0f} MiB | {4 * n * n * D:>16.3g}")
+print(f"\n512 -> 1024: cost x {(1024 / 512) ** 2:.0f};  512 -> 2048: cost x {(2048 / 512) ** 2:.0f}")
+
+# %% [markdown]
+# Doubling the length quadruples the cost, and two doublings multiply it by sixteen. And this is per head and per
+# layer: a model shaped like BERT-base, 12 heads in each of 12 layers, would compute 144 such one-gigabyte matrices
+# in one forward pass at $n = 16{,}384$, and training keeps them for the backward pass.
+#
+# Now the measurement. The cell below times the library's `scaled_dot_product_attention` (the readable path of
+# chapter 02) for $n$ from 256 to 4,096 and asks PyTorch's profiler for the peak memory of each call:
+# `sparse.peak_memory` adds up every allocation and free of PyTorch's CPU allocator, in order, and reports the
+# largest total (Python's own `tracemalloc` cannot see these allocations). The times are CPU times, and depend on
+# your machine, so the numbers will differ from one computer to the next; the slopes should not.
+
+# %% tags=["nbval-ignore-output"]
+def best_time(fn, repeats=3):
+    """CPU seconds of one call: the fastest of `repeats` calls after a warm-up. CPU time
+    (time.process_time) counts the work this program does, not the time it waits while other
+    programs use the processor, so the numbers stay meaningful on a busy machine."""
+    with torch.no_grad():
+        start = time.process_time()
+        fn()
+        if time.process_time() - start > 0.1:
+            repeats = 1  # a long call is hardly disturbed by warm-up effects: time it once more
+        times = []
+        for _ in range(repeats):
+            start = time.process_time()
+            fn()
+            times.append(time.process_time() - start)
+    return min(times)
+
+
+def loglog_slope(values, from_n=1024):
+    """Slope of log(value) against log(n), fitted on n >= from_n: 2 means 'doubling n quadruples it'."""
+    ns = [n for n in values if n >= from_n]
+    return np.polyfit(np.log(ns), np.log([values[n] for n in ns]), 1)[0]
+
+
+SIZES = [256, 512, 1024, 2048, 4096]
+measured = {"dense": ({}, {})}  # method -> ({n: seconds}, {n: peak bytes})
+for n in SIZES:
+    q, k, v = random_qkv(n)
+    seconds, memory = measured["dense"]
+    seconds[n] = best_time(lambda: scaled_dot_product_attention(q, k, v))
+    memory[n] = sparse.peak_memory(scaled_dot_product_attention, q, k, v)
+    print(f"n = {n:>5}: {1e3 * seconds[n]:>8.1f} ms, peak {memory[n] / 2**20:>6.1f} MiB "
+          f"(= {memory[n] / (4 * n * n):.2f} n x n matrices)")
+print(f"\nfitted on n >= 1024: time slope {loglog_slope(seconds):.2f}, memory slope {loglog_slope(memory):.2f}")
+
+# %% tags=["nbval-ignore-output"]
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+for ax, values, unit, title in [(axes[0], seconds, 1e3, "time (ms)"), (axes[1], memory, 2**-20, "peak memory (MiB)")]:
+    ns = np.array(SIZES)
+    ax.loglog(ns, [values[n] * unit for n in SIZES], "o-", base=2, label=f"dense, slope {loglog_slope(values):.2f}")
+    ref = values[SIZES[-1]] * unit
+    ax.loglog(ns, ref * (ns / ns[-1]) ** 2, "--", color="grey", base=2, label="slope 2: x4 per doubling")
+    ax.loglog(ns, ref * (ns / ns[-1]), ":", color="grey", base=2, label="slope 1: x2 per doubling")
+    ax.set_xlabel("sequence length n")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+fig.suptitle("dense attention, one head, d = 64 (log-log axes)")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# On log-log axes a cost $c \cdot n^p$ is a straight line of slope $p$. The memory line sits on slope 2 exactly:
+# the peak is always four $n \times n$ matrices (the scores, the shifted scores, their exponentials, the weights:
+# the readable path keeps several alive at once). The time line is steeper than the memory line at small $n$, where
+# the fixed cost of each call still matters, which is why the slopes are fitted on the larger sizes only. There it
+# comes out at 2 or even above: on top of the $n^2$ work, a matrix of many megabytes no longer fits in the
+# processor's cache, so each of its numbers also costs more to touch.
+#
+# A decoder does not help much. Prince (section 12.9) draws the interaction matrix: an encoder's is full, a
+# decoder's is the lower triangle, about half the pairs. Half of $n^2$ is still $n^2$ growth.
+
+# %% [markdown]
+# ## 2. Sparse interaction patterns
+#
+# The **interaction matrix** has one row per query and one column per key; a cell is on when that query may
+# attend to that key. It is exactly a course mask. Dense attention switches every cell on. The cheapest fix is to
+# switch most of them off, in a pattern chosen in advance, so that each row keeps a number of cells that does not
+# grow with $n$. Then the pairs grow as $n$, not $n^2$.
+#
+# The first pattern is the one convolutional networks use: each token attends only to its neighbours.
+#
+# ### The sliding window
+#
+# A **sliding window** of size $w$ lets query $i$ attend to key $j$ when $|i - j| \le w$: the token itself and $w$
+# neighbours on each side, a band of $2w + 1$ diagonals. In a decoder the window keeps only its past half,
+# $0 \le i - j \le w$. Longformer (Beltagy et al., 2020) uses such a window in every layer, and the local heads of
+# the Sparse Transformer (Child et al., 2019) do the same.
+#
+# ### Exercise 1 — `sliding_window_mask`
+# > **Difficulty** ●○○ · **Importance** ●●● · about 10 minutes
+#
+# Write `sliding_window_mask(size, window, causal=False)` returning a boolean tensor `[size, size]`: True where
+# query $i$ may attend to key $j$, that is where $|i - j| \le$ `window`; with `causal=True`, where
+# $0 \le i - j \le$ `window`. `window = 0` leaves the diagonal only.
+#
+# Worked example: `sliding_window_mask(5, 1)` and `sliding_window_mask(5, 1, causal=True)` are
+# ```
+# tensor([[ True,  True, False, False, False],     tensor([[ True, False, False, False, False],
+#         [ True,  True,  True, False, False],             [ True,  True, False, False, False],
+#         [False,  True,  True,  True, False],             [False,  True,  True, False, False],
+#         [False, False,  True,  True,  True],             [False, False,  True,  True, False],
+#         [False, False, False,  True,  True]])            [False, False, False,  True,  True]])
+# ```
+# Watch for: the window's last neighbour left out (`<` instead of `<=`), the causal band on the future side, and
+# `causal` ignored.
+#
+# <details><summary>Hint 1 — the idea</summary>Everything depends on one number per cell, the offset <code>j - i</code> (how far the key lies after the query). The symmetric window keeps small offsets on both sides; the causal one keeps the offsets from <code>-window</code> to <code>0</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>Build the <code>[size, size]</code> matrix of offsets by broadcasting a row of positions against a column of positions: <code>offset = torch.arange(size)[None, :] - torch.arange(size)[:, None]</code>. Then one comparison (or two, joined with <code>&amp;</code>) gives the boolean mask. Print it for size 5 and compare it with the worked example.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "sliding_window_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def sliding_window_mask(size: int, window: int, causal: bool = False) -> torch.Tensor:
+    """True where query i may attend to key j: |i - j| <= window (causal: 0 <= i - j <= window).
+
+    Returns a bool tensor [size, size].
+    """
+    ### BEGIN SOLUTION
+    pos = torch.arange(size)
+    offset = pos[None, :] - pos[:, None]  # [size, size]: j - i
+    if causal:
+        return (offset <= 0) & (offset >= -window)
+    return offset.abs() <= window
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "sliding_window_mask_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_sliding_window_mask(sliding_window_mask)
+### BEGIN HIDDEN TESTS
+check_sliding_window_mask(sliding_window_mask, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+sliding_window_mask_impl = yours_or_reference(sliding_window_mask, check_sliding_window_mask)
+
+# %% [markdown]
+# How many pairs does a window keep? Every row has at most $2w + 1$ cells on (fewer near the two ends), so the
+# count grows like $n (2w + 1)$. For a window of 128 on each side:
+
+# %%
+for n in [1024, 2048, 4096]:
+    pairs = int(sliding_window_mask_impl(n, 128).sum())
+    print(f"n = {n:>5}: {pairs:>11,} pairs of {n * n:>11,} ({100 * pairs / n**2:5.2f}%), "
+          f"n (2w + 1) = {n * 257:>10,}")
+
+# %% [markdown]
+# ### Dilated windows
+#
+# A window of $w$ neighbours sees only $w$ positions away. A **dilated** window keeps the same number of keys but
+# spreads them out, like a dilated convolution: query $i$ sees the keys $i + k \cdot r$ for $k = -w, \dots, w$,
+# where $r$ is the dilation. The reach grows to $w \cdot r$ at the same cost. Longformer gives some heads a
+# dilated window and others a plain one, so that together they see both the close and the far neighbours.
+#
+# ### Exercise 2 — `dilated_mask`
+# > **Difficulty** ●●○ · **Importance** ●●○ · about 10 minutes
+#
+# Write `dilated_mask(size, window, dilation)` returning a boolean tensor `[size, size]`, True where $i - j$ is a
+# multiple of `dilation` **and** $|i - j| \le$ `window * dilation`. `dilation = 1` is the plain sliding window.
+#
+# Worked example: `dilated_mask(7, 1, 2)[3]` (the row of query 3) is
+# `tensor([False,  True, False,  True, False,  True, False])`: keys 1, 3 and 5, two steps apart.
+# Count the gaps from the query, not from position 0: every query must see itself.
+#
+# <details><summary>Hint 1 — the idea</summary>Start again from the offset <code>j - i</code>. Two conditions must both hold: the offset is a multiple of the dilation (it lands on the grid that moves with the query), and it is not farther than <code>window</code> grid steps.</details>
+# <details><summary>Hint 2 — the plan</summary>With the <code>[size, size]</code> offset matrix of exercise 1, the grid condition is a remainder: <code>offset % dilation == 0</code> (Python's <code>%</code> works for negative offsets too). The reach condition compares <code>offset.abs()</code> with the reach in positions, not in keys. Join them with <code>&amp;</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "dilated_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def dilated_mask(size: int, window: int, dilation: int) -> torch.Tensor:
+    """True where query i may attend to key j: (i - j) % dilation == 0 and |i - j| <= window * dilation.
+
+    Returns a bool tensor [size, size].
+    """
+    ### BEGIN SOLUTION
+    pos = torch.arange(size)
+    offset = pos[None, :] - pos[:, None]  # [size, size]: j - i
+    on_grid = offset % dilation == 0  # the gaps are counted from the query itself
+    return on_grid & (offset.abs() <= window * dilation)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "dilated_mask_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_dilated_mask(dilated_mask)
+### BEGIN HIDDEN TESTS
+check_dilated_mask(dilated_mask, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+dilated_mask_impl = yours_or_reference(dilated_mask, check_dilated_mask)
+
+# %% [markdown]
+# Same number of keys per row as a window of the same $w$, a reach $r$ times longer:
+
+# %%
+plain, spread = sliding_window_mask_impl(64, 2), dilated_mask_impl(64, 2, 4)
+print("keys per query (middle row): window", int(plain[32].sum()), "| dilated", int(spread[32].sum()))
+print("farthest key seen from query 32: window", int((torch.arange(64) - 32)[plain[32]].abs().max()),
+      "| dilated", int((torch.arange(64) - 32)[spread[32]].abs().max()))
+
+# %% [markdown]
+# ### Selected positions that attend globally
+#
+# Local patterns never let two distant tokens meet in one layer. Prince's second family fixes this: a few
+# **selected positions** attend to every token, and every token attends to them. Their rows and their columns are
+# switched on. In a decoder, "every token" becomes "every earlier token", so the rows and columns are cut to the
+# lower triangle. Longformer chooses these positions by task: the `[CLS]` token for classification, the question's
+# tokens for question answering. The library's `global_positions_mask` draws the pattern; OR it with a window:
+
+# %%
+window_plus_global = sliding_window_mask_impl(10, 1) | sparse.global_positions_mask(10, [0, 6])
+print(window_plus_global.int())
+print("decoder version, row 6 (sees every earlier token):",
+      sparse.global_positions_mask(10, [0, 6], causal=True)[6].int().tolist())
+
+# %% [markdown]
+# ### Global tokens
+#
+# The third family adds **new** tokens instead of promoting existing ones. A few extra **global tokens** are put in
+# front of the sequence. Like `[CLS]` they stand for no word: they exist only to carry information over long
+# distances. They attend to every token and to each other, and every token attends to them. Big Bird (Zaheer et
+# al., 2020) calls this variant ETC, and combines such tokens with a window and a few random connections.
+#
+# ### Exercise 3 — `global_token_mask`
+# > **Difficulty** ●●○ · **Importance** ●●○ · about 10 minutes
+#
+# Write `global_token_mask(local_mask, n_global)`. `local_mask` is a boolean `[n, n]` pattern between the real
+# tokens (a window, say); return a boolean `[n_global + n, n_global + n]` mask in which positions
+# `0 .. n_global - 1` are the global tokens: their rows and their columns are all True (they see every position and
+# every position sees them, including the other global tokens), and the block between the real tokens is
+# `local_mask`, unchanged.
+#
+# Worked example: with the diagonal as the local pattern, `global_token_mask(sliding_window_mask(3, 0), 1)` is
+# ```
+# tensor([[ True,  True,  True,  True],
+#         [ True,  True, False, False],
+#         [ True, False,  True, False],
+#         [ True, False, False,  True]])
+# ```
+#
+# <details><summary>Hint 1 — the idea</summary>A global token is a two-way hub. If only its row were on, it would collect everything and give nothing back; if only its column were on, it would hand out what it never collected. Draw the matrix in four blocks: global–global, global–real, real–global, real–real.</details>
+# <details><summary>Hint 2 — the plan</summary>Start from a <code>[g + n, g + n]</code> boolean matrix of True (<code>torch.ones(..., dtype=torch.bool)</code>), then overwrite the real–real block, the bottom-right one, with <code>local_mask</code>, by slicing from row <code>g</code> and column <code>g</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "global_token_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def global_token_mask(local_mask: torch.Tensor, n_global: int) -> torch.Tensor:
+    """n_global hub tokens put in front of the sequence: rows and columns all True; local_mask between the
+    real tokens. local_mask: bool [n, n]. Returns a bool tensor [n_global + n, n_global + n].
+    """
+    ### BEGIN SOLUTION
+    n = local_mask.shape[-1]
+    mask = torch.ones(n_global + n, n_global + n, dtype=torch.bool)
+    mask[n_global:, n_global:] = local_mask  # only the real tokens keep their local pattern
+    return mask
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "global_token_mask_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_global_token_mask(global_token_mask)
+### BEGIN HIDDEN TESTS
+check_global_token_mask(global_token_mask, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+global_token_mask_impl = yours_or_reference(global_token_mask, check_global_token_mask)
+
+# %% [markdown]
+# ### Six interaction matrices
+#
+# Here are the patterns side by side for 12 positions, drawn with your functions (or the reference where they do
+# not pass yet). Dark cells are the pairs that get a score; every light cell is work saved. Under each matrix is
+# the number of pairs: for the sparse patterns it grows as $n$ times a constant, for the first two as $n^2$.
+
+# %%
+n = 12
+patterns = {
+    "dense (encoder)": torch.ones(n, n, dtype=torch.bool),
+    "causal (decoder)": torch.ones(n, n, dtype=torch.bool).tril(),
+    "sliding window, w = 2": sliding_window_mask_impl(n, 2),
+    "dilated, w = 2, dilation 2": dilated_mask_impl(n, 2, 2),
+    "global positions 0, 6 + window 1": sliding_window_mask_impl(n, 1) | sparse.global_positions_mask(n, [0, 6]),
+    "1 global token + window 1": global_token_mask_impl(sliding_window_mask_impl(n - 1, 1), 1),
+}
+fig = draw_interaction_patterns(patterns, marks={"global positions 0, 6 + window 1": [0, 6],
+                                                 "1 global token + window 1": [0]})
+plt.show()
+for name, mask in patterns.items():
+    print(f"{name:<36} {int(mask.sum()):>4} pairs")
+
+# %% [markdown]
+# ## 3. The receptive field grows with depth
+#
+# In one layer, a window of $w$ lets token $i$ read tokens $i - w \dots i + w$ only. But layers are stacked: in the
+# second layer, token $i$ reads tokens that have themselves read their neighbours, so information from $2w$ steps
+# away has arrived. This is the **receptive field** of convolutional networks, and Prince (section 12.9) makes the
+# same point for windowed attention: stack enough layers and distant tokens interact after all.
+#
+# Which inputs can reach which outputs? If $M$ is the mask of one layer ($M_{ij}$ true when output $i$ reads input
+# $j$), two layers connect $i$ to $j$ when some $k$ has $M_{ik}$ and $M_{kj}$: a matrix product in which "+" is
+# "or" and "×" is "and". $L$ layers give the boolean matrix power $M^L$.
+#
+# ### Exercise 4 — `receptive_field`
+# > **Difficulty** ●●○ · **Importance** ●●○ · about 10 minutes
+#
+# Write `receptive_field(mask, n_layers)`: `mask` is a boolean `[n, n]` (or `[..., n, n]`) pattern used by every
+# layer; return a boolean tensor of the same shape, True where input position $j$ can influence output position $i$
+# after `n_layers` layers ($\ge 1$): the boolean matrix power $M^{L}$.
+#
+# Worked example: for `sliding_window_mask(5, 1)` and 2 layers, each position reaches 2 steps on each side:
+# `receptive_field(sliding_window_mask(5, 1), 2)` equals `sliding_window_mask(5, 2)`.
+#
+# <details><summary>Hint 1 — the idea</summary>One more layer on top: output i reads the positions k its mask allows, and each of those already reached some inputs j. So the new reach is "mask times old reach". Start from the reach of zero layers: each position reaches only itself.</details>
+# <details><summary>Hint 2 — the plan</summary>PyTorch has no matrix product for booleans: turn both into floats, multiply, and turn the counts back into booleans, <code>(a.float() @ b.float()) &gt; 0</code>. Loop <code>n_layers</code> times, starting from <code>torch.eye(n, dtype=torch.bool)</code>; keep the order "mask on the left".</details>
+
+# %% nbgrader={"grade": false, "grade_id": "receptive_field", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def receptive_field(mask: torch.Tensor, n_layers: int) -> torch.Tensor:
+    """True where input j reaches output i after n_layers layers using mask: the boolean power mask^n_layers.
+
+    mask: bool [..., n, n]. Returns a bool tensor of the same shape.
+    """
+    ### BEGIN SOLUTION
+    reach = torch.eye(mask.shape[-1], dtype=torch.bool).expand(mask.shape)  # 0 layers: itself only
+    for _ in range(n_layers):
+        reach = (mask.float() @ reach.float()) > 0  # [..., n, n]: i reads k, k already reached j
+    return reach
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "receptive_field_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_receptive_field(receptive_field)
+### BEGIN HIDDEN TESTS
+check_receptive_field(receptive_field, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+receptive_field_impl = yours_or_reference(receptive_field, check_receptive_field)
+
+# %% [markdown]
+# For 64 positions, how many inputs reach the output in the middle (position 32) after 1, 2, 3... layers? A window
+# grows by $w$ on each side per layer, linearly. A dilated window's reach grows $r$ times faster; count what it
+# reaches, though. The Sparse Transformer's
+# trick (Child et al., 2019) is to give one head a local window and another a strided pattern (every 8th token
+# here): one hop along the window then one along the stride reaches *every* position in two layers. A global token
+# does the same: any token reaches any other through the hub.
+#
+# **Predict** before running: after how many layers does a window of 2 reach all 64 positions from the middle?
+
+# %%
+n = 64
+stack = {
+    "window w = 2": sliding_window_mask_impl(n, 2),
+    "dilated w = 2, dilation 4": dilated_mask_impl(n, 2, 4),
+    "window 4 OR stride 8 (Sparse Transformer)": sliding_window_mask_impl(n, 4) | dilated_mask_impl(n, 8, 8),
+    "1 global token + window 1": global_token_mask_impl(sliding_window_mask_impl(n - 1, 1), 1),
+}
+layers = list(range(1, 17))
+reached = {name: [int(receptive_field_impl(mask, L)[mask.shape[-1] // 2].sum()) for L in layers]
+           for name, mask in stack.items()}
+for name, counts in reached.items():
+    print(f"{name:<42} after 1, 2, 4, 8, 16 layers: {[counts[L - 1] for L in (1, 2, 4, 8, 16)]}")
+
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.3, 1]})
+for name, counts in reached.items():
+    axes[0].plot(layers, counts, "o-", markersize=3, label=name)
+axes[0].set_xlabel("layers")
+axes[0].set_ylabel("inputs reaching position 32")
+axes[0].legend(fontsize=8)
+axes[0].set_title("the receptive field grows with depth")
+field = receptive_field_impl(sliding_window_mask_impl(24, 1), 1).int() + receptive_field_impl(
+    sliding_window_mask_impl(24, 1), 3).int() + receptive_field_impl(sliding_window_mask_impl(24, 1), 6).int()
+axes[1].imshow(field, cmap="Blues", vmin=0, vmax=3)
+axes[1].set_title("window 1, 24 positions:\nreached after 1 (dark), 3, 6 (light) layers", fontsize=9)
+axes[1].set_xlabel("input position j")
+axes[1].set_ylabel("output position i")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The window of 2 needs 16 layers to cover all 64 positions from the middle: its field grows by 4 positions per
+# layer. The dilated window never gets there: every hop is a multiple of 4 positions, so it reaches the 16
+# positions a multiple of 4 away and not one more, however deep the stack. Its gaps are never filled, which is why
+# Longformer mixes dilated heads with plain ones. The window-plus-stride pair and the global token reach all 64
+# positions in 2 layers. And a field that *can* reach far is not yet a model that *uses* it well: information
+# relayed through 16 layers is mixed at every step. That is why the long-range models combine the patterns: a
+# window for the local detail, global tokens or strides for the long hops.
+
+# %% [markdown]
+# ## 4. Banded attention in O(n · w)
+#
+# So far the patterns are only masks. Passed to dense attention they change the *result*, but not the *cost*: the
+# full $n \times n$ score matrix is computed first, and then most of it is thrown away. To profit, the
+# computation itself must skip the hidden pairs.
+#
+# For a window this is simple, because the pattern is a band. Cut the queries into blocks of $b$ consecutive
+# positions. Every key that a block's band can reach lies between $w$ positions before the block and $w$ positions
+# after it: a span of $b + 2w$ keys. So score each block of queries against its span only: $n / b$ small products of
+# $[b, d] \times [d, b + 2w]$ instead of one $[n, d] \times [d, n]$. With $b = w$ that is $3 n w$ scores instead of
+# $n^2$. Longformer's own implementation calls this "sliding chunks". The library's `banded_attention` does it with
+# `Tensor.unfold`, which cuts the (padded) keys into overlapping spans without copying them.
+#
+# Same result as dense attention under the window's mask (built with your `sliding_window_mask`), encoder and
+# decoder:
+
+# %%
+n, w = 1024, 32
+q, k, v = random_qkv(n, seed=4)
+for causal in (False, True):
+    dense_out, _ = scaled_dot_product_attention(q, k, v, mask=sliding_window_mask_impl(n, w, causal=causal))
+    banded_out = sparse.banded_attention(q, k, v, w, causal=causal)
+    print(f"causal={causal!s:<5}: output {list(banded_out.shape)}, equal to dense attention under the mask "
+          f"(to 1e-5): {torch.allclose(banded_out, dense_out, atol=1e-5)}")
+b = max(w, 16)  # the block size banded_attention chooses
+print(f"scores computed: dense {n * n:,}, banded {(n // b) * b * (b + 2 * w):,} "
+      f"(n / b blocks of b x (b + 2w)), of which in the band {int(sliding_window_mask_impl(n, w).sum()):,}")
+
+# %% [markdown]
+# Banded attention computes about $1.5\times$ more scores than the band holds (the corners of each block's span
+# fall outside the band), but that overhead is a constant factor: double $n$ and the work doubles. Measured, with a
+# window of 64 on each side:
+
+# %% tags=["nbval-ignore-output"]
+measured["banded"] = ({}, {})
+for n in SIZES:
+    q, k, v = random_qkv(n)
+    seconds, memory = measured["banded"]
+    seconds[n] = best_time(lambda: sparse.banded_attention(q, k, v, 64))
+    memory[n] = sparse.peak_memory(sparse.banded_attention, q, k, v, 64)
+    print(f"n = {n:>5}: {1e3 * seconds[n]:>7.1f} ms, peak {memory[n] / 2**20:>6.1f} MiB "
+          f"(dense: {1e3 * measured['dense'][0][n]:>7.1f} ms, {measured['dense'][1][n] / 2**20:>6.1f} MiB)")
+print(f"\nfitted on n >= 1024: time slope {loglog_slope(seconds):.2f}, memory slope {loglog_slope(memory):.2f}")
+
+# %% [markdown]
+# Both slopes are close to 1 now: doubling the length doubles the cost. At small $n$ dense attention is as fast
+# or faster (one big matrix product beats many small ones), and the band only wins once $n$ is several times
+# $w$. The benchmark script `benchmarks/bench_long_attention.py` continues to $n = 16{,}384$.
+
+# %% [markdown]
+# ## 5. Linear attention
+#
+# Sparse patterns keep softmax attention and drop pairs. **Linear attention** (Katharopoulos et al., 2020) keeps
+# every pair and changes the similarity instead. Softmax attention weighs key $j$ for query $i$ by
+# $\exp(q_i \cdot k_j / \sqrt{d})$. Replace that by $\phi(q_i) \cdot \phi(k_j)$ for a feature map $\phi$ that
+# makes every number positive; Katharopoulos et al. use $\phi(x) = \mathrm{elu}(x) + 1$. The output is
+#
+# $$o_i = \frac{\sum_j \phi(q_i)^\top \phi(k_j)\, v_j}{\sum_j \phi(q_i)^\top \phi(k_j)}
+#       = \frac{\phi(q_i)^\top \left(\sum_j \phi(k_j) v_j^\top\right)}{\phi(q_i)^\top \left(\sum_j \phi(k_j)\right)}
+#       = \frac{\phi(q_i)^\top S}{\phi(q_i)^\top z}.$$
+#
+# The second form is the same number computed in another order (the matrix product is associative), and its two
+# sums, $S$ of shape $[d, d_v]$ and $z$ of shape $[d]$, do not depend on $i$. Compute them once, and each query
+# costs $O(d \, d_v)$: $O(n \, d \, d_v)$ in all, linear in $n$. The $n \times n$ matrix
+# $\phi(Q)\phi(K)^\top$ is never formed. The library has both orders; they agree:
+
+# %%
+q, k, v = random_qkv(512, seed=5)
+fast = sparse.linear_attention(q, k, v)  # phi(Q) (phi(K)^T V): never n x n
+slow, weights = sparse.linear_attention_quadratic(q, k, v)  # (phi(Q) phi(K)^T) V: the n x n weights written out
+print("same output (to 1e-5):", torch.allclose(fast, slow, atol=1e-5), "| weights", list(weights.shape),
+      "all positive:", bool((weights > 0).all()), "| rows sum to 1:", torch.allclose(weights.sum(-1), torch.ones(1, 512)))
+print(f"largest intermediate: n x n = {512 * 512:,} numbers the slow way, d x d_v = {D * D:,} the fast way")
+
+# %% [markdown]
+# ### The causal form is a prefix sum
+#
+# In a decoder, position $i$ may only sum over $j \le i$. Then $S$ and $z$ depend on $i$ after all, but only as
+# running totals: $S_i = S_{i-1} + \phi(k_i) v_i^\top$ and $z_i = z_{i-1} + \phi(k_i)$. A running total along the
+# sequence is a **prefix sum**, `torch.cumsum`. Read one step at a time, it is a recurrent network whose state is
+# $(S_i, z_i)$: that is the "Transformers are RNNs" of the paper's title. Generating a token updates a state of fixed
+# size $d \times d_v$, where softmax attention's KV cache (chapter 07) grows with every token.
+#
+# ### Exercise 5 — `causal_linear_attention`
+# > **Difficulty** ●●● · **Importance** ●●○ · about 20 minutes
+#
+# Write `causal_linear_attention(q, k, v)` with $\phi(x) = \mathrm{elu}(x) + 1$ (`F.elu(x) + 1`):
+# $o_i = \phi(q_i)^\top S_i \,/\, \phi(q_i)^\top z_i$ with $S_i = \sum_{j \le i} \phi(k_j) v_j^\top$ and
+# $z_i = \sum_{j \le i} \phi(k_j)$.
+#
+# * `q`, `k`: `[..., n, d_k]`; `v`: `[..., n, d_v]` (any leading batch and head dimensions).
+# * returns `[..., n, d_v]`. No $1/\sqrt{d_k}$ here: the feature map replaces the softmax and its temperature.
+#
+# Worked example: with `q` and `k` all zeros, $\phi = 1$ everywhere, every weight is equal, and output $i$ is the
+# mean of the values $v_0 \dots v_i$: for `v = [[1.], [2.], [6.]]` the output is `[[1.0], [1.5], [3.0]]`.
+#
+# <details><summary>Hint 1 — the idea</summary>Form the outer product φ(k_j) v_jᵀ for every position j, a <code>[d_k, d_v]</code> matrix each, then take running sums along the sequence so that position i holds the sum over j ≤ i (itself included). Do the same for φ(k_j) to get the normaliser.</details>
+# <details><summary>Hint 2 — the plan</summary>All outer products at once: <code>phi_k.unsqueeze(-1) * v.unsqueeze(-2)</code> is <code>[..., n, d_k, d_v]</code>. The running sums go along the sequence axis, which is dim -3 of that tensor and dim -2 of the <code>[..., n, d_k]</code> normaliser. The numerator pairs φ(q_i), as <code>[..., n, 1, d_k]</code>, with S_i <code>[..., n, d_k, d_v]</code>; keep the denominator as <code>[..., n, 1]</code> so that it divides every value feature.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "causal_linear_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Linear attention with phi = elu + 1, position i summing over keys j <= i (prefix sums).
+
+    q, k: [..., n, d_k]; v: [..., n, d_v]. Returns [..., n, d_v].
+    """
+    ### BEGIN SOLUTION
+    phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1  # [..., n, d_k], positive
+    S = (phi_k.unsqueeze(-1) * v.unsqueeze(-2)).cumsum(dim=-3)  # [..., n, d_k, d_v]: sum over j <= i
+    z = phi_k.cumsum(dim=-2)  # [..., n, d_k]
+    numerator = (phi_q.unsqueeze(-2) @ S).squeeze(-2)  # [..., n, d_v]
+    denominator = (phi_q * z).sum(dim=-1, keepdim=True)  # [..., n, 1]
+    return numerator / denominator
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "causal_linear_attention_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_causal_linear_attention(causal_linear_attention)
+### BEGIN HIDDEN TESTS
+check_causal_linear_attention(causal_linear_attention, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+causal_linear_attention_impl = yours_or_reference(causal_linear_attention, check_causal_linear_attention)
+
+# %% [markdown]
+# Two checks on your function: it equals the explicit $O(n^2)$ formula (the lower triangle of the weight matrix
+# kept, rows renormalised), and it is causal, since changing the future changes no earlier output.
+
+# %%
+q, k, v = random_qkv(256, seed=6)
+explicit, _ = sparse.linear_attention_quadratic(q, k, v, causal=True)
+ours = causal_linear_attention_impl(q, k, v)
+print("prefix sums == explicit O(n^2) formula (to 1e-5):", torch.allclose(ours, explicit, atol=1e-5))
+k2, v2 = k.clone(), v.clone()
+k2[:, 200:], v2[:, 200:] = torch.randn(1, 56, D), torch.randn(1, 56, D)  # a different future
+changed = causal_linear_attention_impl(q, k2, v2)
+print("outputs 0..199 unchanged when positions 200.. change:", torch.equal(ours[:, :200], changed[:, :200]))
+
+# %% [markdown]
+# ### How far is linear attention from softmax attention?
+#
+# Linear attention is not an approximation of softmax attention that improves with more compute: it is a
+# different similarity, and a model has to be trained with it. How different? The exponential can make one key
+# dominate a row; $\phi(q)\cdot\phi(k)$ grows only linearly in each feature. The cell below scales the queries up,
+# which sharpens softmax attention, and compares the two on the same $q, k, v$ (256 tokens, $d = 64$): the relative
+# error of the output, and the largest weight in a row, on average.
+#
+# **Predict**: as softmax attention gets sharper, does linear attention follow?
+
+# %%
+q, k, v = random_qkv(256, seed=7)
+print(f"{'query scale':>11} | {'relative error':>14} | {'largest weight: softmax':>23} | {'linear':>7}")
+for scale in [0.25, 0.5, 1.0, 2.0, 4.0]:
+    soft, w_soft = scaled_dot_product_attention(q * scale, k, v)
+    lin, w_lin = sparse.linear_attention_quadratic(q * scale, k, v)
+    error = ((lin - soft).norm() / soft.norm()).item()
+    print(f"{scale:>11} | {error:>14.2f} | {w_soft.amax(-1).mean().item():>23.3f} | {w_lin.amax(-1).mean().item():>7.4f}")
+
+# %% tags=["nbval-ignore-output"]
+fig, ax = plt.subplots(figsize=(8, 3))
+_, w_soft = scaled_dot_product_attention(q[:, :64] * 2.0, k[:, :64], v[:, :64])
+_, w_lin = sparse.linear_attention_quadratic(q[:, :64] * 2.0, k[:, :64], v[:, :64])
+ax.bar(np.arange(64) - 0.2, w_soft[0, 10], width=0.4, label="softmax attention")
+ax.bar(np.arange(64) + 0.2, w_lin[0, 10], width=0.4, label="linear attention (elu + 1)")
+ax.set_xlabel("key position")
+ax.set_ylabel("weight")
+ax.set_title("the weights of query 10 over 64 keys (queries scaled by 2)")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# On these random inputs linear attention stays close to a uniform average (its largest weight, about 0.005, is
+# barely above $1/256 \approx 0.004$), while softmax attention puts up to half of a row's weight on a single key. At a query
+# scale of 4 the outputs are almost unrelated: the relative error is close to 1. A trained linear-attention model
+# learns features that make its similarity useful, and on some tasks it does well; but it cannot express the
+# nearly one-hot rows softmax attention produces at will, and that is the price of its linear cost.
+#
+# Measured cost (the non-causal form):
+
+# %% tags=["nbval-ignore-output"]
+measured["linear"] = ({}, {})
+for n in SIZES:
+    q, k, v = random_qkv(n)
+    seconds, memory = measured["linear"]
+    seconds[n] = best_time(lambda: sparse.linear_attention(q, k, v))
+    memory[n] = sparse.peak_memory(sparse.linear_attention, q, k, v)
+    print(f"n = {n:>5}: {1e3 * seconds[n]:>7.2f} ms, peak {memory[n] / 2**20:>6.2f} MiB")
+print(f"\nfitted on n >= 1024: time slope {loglog_slope(seconds):.2f}, memory slope {loglog_slope(memory):.2f}")
+
+# %% [markdown]
+# ## 6. The online softmax: FlashAttention's idea
+#
+# The last method changes nothing about the result: it is **exact** softmax attention. What it changes is the
+# order of the work, so that the $n \times n$ matrix never has to be stored.
+#
+# Why would one store it at all? Because softmax needs a whole row before it can produce a single weight: first
+# the maximum of the row (to subtract it, so that `exp` does not overflow, chapter 02), then the sum of the
+# exponentials, and only then each weight. The obvious program computes all scores, stores them, and reads them
+# back twice. On a GPU that storage lives in the large, slow memory (HBM); reading and writing $n^2$ numbers there
+# costs more time than the arithmetic. FlashAttention (Dao et al., 2022) removes the round trip: it takes the keys
+# in **blocks** small enough for the fast on-chip memory (SRAM), and keeps, for every query, three running numbers:
+#
+# * $m$, the largest score seen so far;
+# * $\ell$, the sum of $\exp(s - m)$ over the keys seen so far;
+# * $a$, the sum of $\exp(s - m)\, v$, a vector of size $d_v$ (the accumulator).
+#
+# When a new block arrives with a larger maximum $m'$, everything already in $\ell$ and $a$ was measured against
+# the old $m$. Multiplying both by $\exp(m - m') \le 1$ re-expresses them against $m'$, and the new block's terms
+# are added. After the last block, $a / \ell$ is exactly softmax$(s)\,v$. This running normaliser is the "online
+# softmax" of Milakov & Gimelshein (2018). The arithmetic is the same as dense attention's, about $4 n^2 d$ FLOPs;
+# only the memory traffic and the memory held shrink.
+
+# %%
+fig = draw_online_softmax()
+plt.show()
+
+# %% [markdown]
+# One row of eight scores, taken three at a time. Watch $m$ jump at the block holding the 8 and $\ell$ shrink
+# with it (the rescaling), then the result match the ordinary softmax:
+
+# %%
+row = torch.tensor([3.0, 1.0, 5.0, 2.0, 8.0, 0.5, 7.0, 4.0])
+m, l = torch.tensor(float("-inf")), torch.tensor(0.0)
+for start in range(0, 8, 3):
+    block = row[start:start + 3]
+    m_new = torch.maximum(m, block.max())
+    l = l * torch.exp(m - m_new) + torch.exp(block - m_new).sum()  # old terms rescaled, new ones added
+    print(f"block {block.tolist()}: m {m.item():>4} -> {m_new.item()}, l = {l.item():.4f}")
+    m = m_new
+print("online: exp(row - m) / l =", torch.exp(row - m) / l)
+print("softmax(row)             =", softmax(row, dim=-1))
+
+# %% [markdown]
+# ### Exercise 6 — `online_softmax_step`
+# > **Difficulty** ●●● · **Importance** ●●● · about 15 minutes
+#
+# Write `online_softmax_step(m, l, acc, scores, v_block)`: fold one block of keys into the running state and
+# return the new `(m, l, acc)`.
+#
+# * `m`, `l`: `[..., L_q, 1]`, the running maximum and running sum (at the start `m = -inf`, `l = 0`);
+# * `acc`: `[..., L_q, d_v]`, the running sum of $\exp(s - m)\,v$ (zeros at the start);
+# * `scores`: `[..., L_q, B]`, this block's scores (finite numbers); `v_block`: `[..., B, d_v]`, its values.
+#
+# Worked example (one query): `m = [[2.]]`, `l = [[1.5]]`, `acc = [[3.]]`, `scores = [[4., 1.]]`,
+# `v_block = [[1.], [2.]]` give `m = [[4.]]`, `l = [[1.2528]]`, `acc = [[1.5056]]`: the old sum and accumulator are
+# multiplied by $e^{2-4} = 0.1353$ before the new terms $e^{0} = 1$ and $e^{-3} = 0.0498$ are added.
+#
+# <details><summary>Hint 1 — the idea</summary>Three steps: the new maximum covers the old one and this block; a rescale factor brings the old sums from the old maximum to the new one (it is at most 1, and exactly 0 at the start); then this block's exponentials, taken relative to the new maximum, are added to both sums.</details>
+# <details><summary>Hint 2 — the plan</summary>Every quantity keeps the query axis: the new maximum is <code>torch.maximum(m, scores.amax(dim=-1, keepdim=True))</code>, <code>[..., L_q, 1]</code>. Then <code>exp(m - m_new)</code> is <code>[..., L_q, 1]</code>, <code>exp(scores - m_new)</code> is <code>[..., L_q, B]</code>, and a matrix product with <code>v_block</code> gives the block's contribution to <code>acc</code>, <code>[..., L_q, d_v]</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "online_softmax_step", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def online_softmax_step(m, l, acc, scores, v_block):
+    """Fold one block into the online softmax state. m, l: [..., L_q, 1]; acc: [..., L_q, d_v];
+    scores: [..., L_q, B]; v_block: [..., B, d_v]. Returns the new (m, l, acc).
+    """
+    ### BEGIN SOLUTION
+    m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))  # [..., L_q, 1]
+    rescale = torch.exp(m - m_new)  # [..., L_q, 1]: <= 1, and 0 at the start
+    p = torch.exp(scores - m_new)  # [..., L_q, B]
+    l_new = rescale * l + p.sum(dim=-1, keepdim=True)
+    acc_new = rescale * acc + p @ v_block  # [..., L_q, d_v]
+    return m_new, l_new, acc_new
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "online_softmax_step_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_online_softmax_step(online_softmax_step)
+### BEGIN HIDDEN TESTS
+check_online_softmax_step(online_softmax_step, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+online_softmax_step_impl = yours_or_reference(online_softmax_step, check_online_softmax_step)
+
+# %% [markdown]
+# The library's `online_softmax_attention` runs the block loop of the diagram and accepts the step to use: here it
+# is yours. It must equal dense attention: without a mask, with the causal mask, and with your sliding window.
+# Then with **large scores** (queries multiplied by 100): a softmax that exponentiates raw scores overflows to
+# `inf` there, the online one does not, because every exponent it takes is $\le 0$.
+
+# %%
+q, k, v = random_qkv(300, seed=8)
+for name, kwargs, mask in [("no mask", {}, None),
+                           ("causal", {"causal": True}, torch.ones(300, 300, dtype=torch.bool).tril()),
+                           ("sliding window 16", {"mask": sliding_window_mask_impl(300, 16)}, sliding_window_mask_impl(300, 16))]:
+    online = sparse.online_softmax_attention(q, k, v, block=64, step=online_softmax_step_impl, **kwargs)
+    dense_out, _ = scaled_dot_product_attention(q, k, v, mask=mask)
+    print(f"{name:<18}: equal to dense attention (to 1e-5): {torch.allclose(online, dense_out, atol=1e-5)}")
+
+big_q = q * 100.0  # scores in the hundreds
+raw = torch.exp(big_q @ k.transpose(-2, -1) / math.sqrt(D))
+print(f"\nlargest score {(big_q @ k.transpose(-2, -1) / math.sqrt(D)).max().item():.0f}: exp of the raw scores has "
+      f"{int(torch.isinf(raw).sum()):,} infs, so a naive softmax gives NaN: {bool(torch.isnan(raw / raw.sum(-1, keepdim=True)).any())}")
+online = sparse.online_softmax_attention(big_q, k, v, block=64, step=online_softmax_step_impl)
+print("online softmax with large scores: finite:", bool(online.isfinite().all()),
+      "| equal to dense (to 1e-5):", torch.allclose(online, scaled_dot_product_attention(big_q, k, v)[0], atol=1e-5))
+print(f"largest score matrix held: [300, 64] = {300 * 64:,} numbers, not [300, 300] = {300 * 300:,}")
+
+# %% [markdown]
+# This Python loop does the same arithmetic as dense attention, plus some bookkeeping. What it changes on any
+# machine is the memory: only $n \times B$ scores at a time. Any difference in speed comes from memory traffic, the
+# very thing FlashAttention optimises: the readable dense path streams four $n \times n$ matrices through main
+# memory, while one block of scores can stay in the processor's cache. Measured, with blocks of 256 keys:
+
+# %% tags=["nbval-ignore-output"]
+measured["online"] = ({}, {})
+for n in SIZES:
+    q, k, v = random_qkv(n)
+    seconds, memory = measured["online"]
+    seconds[n] = best_time(lambda: sparse.online_softmax_attention(q, k, v, 256))
+    memory[n] = sparse.peak_memory(sparse.online_softmax_attention, q, k, v, 256)
+    print(f"n = {n:>5}: {1e3 * seconds[n]:>7.1f} ms, peak {memory[n] / 2**20:>6.1f} MiB "
+          f"(dense: {1e3 * measured['dense'][0][n]:>7.1f} ms, {measured['dense'][1][n] / 2**20:>6.1f} MiB)")
+print(f"\nfitted on n >= 1024: time slope {loglog_slope(seconds):.2f}, memory slope {loglog_slope(memory):.2f}")
+
+# %% [markdown]
+# Time still grows with slope about 2, memory with slope about 1: the online softmax attacks memory, not
+# arithmetic. On a GPU the saved memory traffic is what makes FlashAttention faster; the FLOPs are the same.
+# FlashAttention also tiles the queries, recomputes the blocks in the backward pass instead of storing them, and
+# fuses everything into one GPU kernel.
+#
+# ## 7. All of them side by side, and PyTorch's fused kernel
+#
+# PyTorch's `torch.nn.functional.scaled_dot_product_attention` is such a fused kernel. On a GPU it picks a
+# FlashAttention implementation when it can; on a CPU it has a blocked, FlashAttention-style kernel of its own,
+# which it uses for inputs shaped like multi-head attention's, `[batch, heads, n, d]`. (Given 3-D inputs it quietly
+# falls back to the plain math path, $n \times n$ matrix included: the cell below measures both.) It computes
+# exactly dense attention:
+
+# %%
+q, k, v = random_qkv(512, seed=9)
+print("F.scaled_dot_product_attention == the course's attention (to 1e-5):",
+      torch.allclose(F.scaled_dot_product_attention(q, k, v), scaled_dot_product_attention(q, k, v)[0], atol=1e-5))
+
+# %% tags=["nbval-ignore-output"]
+measured["PyTorch fused"] = ({}, {})
+for n in SIZES:
+    q, k, v = (t.unsqueeze(1) for t in random_qkv(n))  # [batch=1, heads=1, n, d]: the fused kernel's shape
+    seconds, memory = measured["PyTorch fused"]
+    seconds[n] = best_time(lambda: F.scaled_dot_product_attention(q, k, v))
+    memory[n] = sparse.peak_memory(F.scaled_dot_product_attention, q, k, v)
+q3, k3, v3 = random_qkv(SIZES[-1])  # [1, n, d]: 3-D
+print(f"PyTorch's scaled_dot_product_attention at n = {SIZES[-1]}: peak {memory[SIZES[-1]] / 2**20:.1f} MiB with "
+      f"[1, 1, n, d] inputs, {sparse.peak_memory(F.scaled_dot_product_attention, q3, k3, v3) / 2**20:.1f} MiB "
+      f"with [1, n, d] inputs (the math fallback)\n")
+
+fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+print(f"{'method':<14} {'time slope':>10} {'memory slope':>12}   (fitted on n >= 1024)")
+for name, (seconds, memory) in measured.items():
+    axes[0].loglog(SIZES, [1e3 * seconds[n] for n in SIZES], "o-", base=2, label=name)
+    axes[1].loglog(SIZES, [memory[n] / 2**20 for n in SIZES], "o-", base=2, label=name)
+    print(f"{name:<14} {loglog_slope(seconds):>10.2f} {loglog_slope(memory):>12.2f}")
+for ax, title in [(axes[0], "time per call (ms)"), (axes[1], "peak memory (MiB)")]:
+    ax.set_xlabel("sequence length n")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+fig.suptitle("one head, d = 64, on this CPU (log-log axes)")
+print(f"\nat n = {SIZES[-1]}: " + ", ".join(f"{name} {1e3 * s[SIZES[-1]]:.0f} ms" for name, (s, _) in measured.items()))
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Read the two panels together. Dense attention is quadratic in both. The fused kernel does the same arithmetic
+# (its time slope is about 2, like dense attention's) faster than the readable path, and its memory stays at a
+# few megabytes: it never stores the score matrix. The online softmax shows the same memory profile, from a Python
+# loop. Banded and linear attention are the
+# only ones whose *time* grows linearly, because they compute less: banded attention by dropping pairs, linear
+# attention by changing what is computed.
+#
+# The same comparison as counts, exact for each method's algorithm ($d = d_v = 64$, window $w = 64$, block
+# $B = 256$):
+
+# %%
+def cost(method, n, d=D, w=64, block=256):
+    """(FLOPs of the products, numbers held in the largest score-like buffer) for one head."""
+    if method == "dense":
+        return 4 * n * n * d, n * n
+    if method == "banded":
+        b = max(w, 16)
+        return 4 * n * (b + 2 * w) * d, n * (b + 2 * w)
+    if method == "linear":
+        return 4 * n * d * d, d * d
+    if method == "online":
+        return 4 * n * n * d, n * block
+    raise ValueError(method)
+
+
+for method in ["dense", "banded", "linear", "online"]:
+    f1, m1 = cost(method, 4096)
+    f2, m2 = cost(method, 8192)
+    print(f"{method:<7} n = 4096: {f1:.2e} FLOPs, {m1:>10,} numbers held | n -> 2n: FLOPs x {f2 / f1:.0f}, "
+          f"held x {m2 / m1:.0f}")
+
+# %% [markdown]
+# ## Summary
+#
+# * Dense attention costs $4 n^2 d$ FLOPs and holds an $n \times n$ matrix per head: doubling $n$ quadruples both.
+#   Measured on a log-log plot, the memory slope was 2 and the time slope 2 or more at large $n$.
+# * **Sparse patterns** (Prince, section 12.9) keep a constant number of keys per query: a **sliding window**
+#   ($|i - j| \le w$; causal: $0 \le i - j \le w$), a **dilated** window (gaps counted from the query, reach
+#   $w \cdot r$), **selected global positions** (rows and columns on), and **global tokens** (new hub tokens in
+#   front, rows and columns on). Longformer, Big Bird and the Sparse Transformer combine them.
+# * The **receptive field** after $L$ layers is the boolean power $M^L$: a window grows by $w$ per layer; strides and
+#   global tokens connect everything in two layers.
+# * **Banded attention** computes only the band, block by block: equal to dense attention under the window mask,
+#   with time and memory slopes near 1.
+# * **Linear attention** with $\phi = \mathrm{elu} + 1$ reorders $(\phi(Q)\phi(K)^\top)V$ as
+#   $\phi(Q)(\phi(K)^\top V)$: $O(n d^2)$. Its causal form is a prefix sum, an RNN with a fixed-size state. It is a
+#   different model: on random inputs its weights stay close to uniform where softmax attention is sharp.
+# * The **online softmax** keeps a running maximum and sum and rescales when the maximum grows. It is exact, never
+#   holds the $n \times n$ matrix, and does the same arithmetic: FlashAttention wins on memory traffic.
+#   PyTorch's fused `scaled_dot_product_attention` works the same way.
+#
+# ## What's next
+#
+# Chapter 12 brings Transformers to images, where the sequences are long from the start: a 224 × 224 image cut
+# into 16 × 16 patches is 196 tokens, into pixels 50,176. The Swin Transformer's answer is a window again:
+# attention inside local windows of patches, shifted from one layer to the next so that the receptive field grows.
+
+# %% [markdown]
+# ## Where you stand
+#
+# Which of this chapter's exercises pass, as last checked (run the test cells again after a change):
+
+# %%
+exercise_summary(check_sliding_window_mask, check_dilated_mask, check_global_token_mask, check_receptive_field,
+                 check_causal_linear_attention, check_online_softmax_step)
+
+# %% [markdown]
+# ## Glossary · 术语表
+#
+# | English | 中文 | Meaning |
+# |---|---|---|
+# | quadratic complexity | 平方复杂度 | cost growing as $n^2$: doubling the length quadruples time and memory |
+# | interaction matrix | 交互矩阵 | the $n \times n$ grid of which query may attend to which key; a mask |
+# | sparse attention | 稀疏注意力 | attention over a fixed pattern of pairs, a constant number per query |
+# | sliding-window attention | 滑动窗口注意力（局部注意力） | each token attends to its neighbours within $w$ positions |
+# | dilated window | 膨胀（空洞）窗口 | a window with gaps: keys $r$ positions apart, reach $w \cdot r$ |
+# | global attention | 全局注意力 | selected positions whose rows and columns are all on |
+# | global token | 全局 token | an extra token, standing for no word, connected to every token |
+# | receptive field | 感受野 | the inputs that can influence an output after $L$ layers |
+# | banded attention | 带状注意力 | the sliding window computed only inside the band, $O(n w)$ |
+# | linear attention | 线性注意力 | similarity $\phi(q) \cdot \phi(k)$, computed as $\phi(Q)(\phi(K)^\top V)$ in $O(n)$ |
+# | feature map | 特征映射（核函数） | $\phi(x) = \mathrm{elu}(x) + 1$: positive features replacing $\exp$ |
+# | prefix sum | 前缀和 | running totals along the sequence (`cumsum`): the causal form of linear attention |
+# | online softmax | 在线 softmax | softmax computed block by block with a running maximum and sum |
+# | FlashAttention | FlashAttention（IO 感知的精确注意力） | exact attention in on-chip blocks: less memory traffic, same FLOPs |
+# | fused kernel | 融合算子 | one GPU/CPU routine doing several steps without storing the intermediates |
+# | memory traffic | 访存量 / 显存读写 | bytes moved between slow and fast memory; often the real bottleneck |

@@ -1,0 +1,943 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 12 — Transformers for images: ImageGPT, ViT and Swin
+#
+# Everything so far has been about text: a sentence is a short sequence of tokens, and attention lets every
+# token look at every other one. Can the same machine read a photograph? For years the answer seemed to be "not
+# well", for two reasons. An image has far more pixels than a sentence has words, and the cost of attention
+# grows with the square of the sequence length. And convolutional networks, which had ruled computer vision
+# since 2012, come with assumptions about images built in that a Transformer has to learn from data.
+#
+# This chapter follows how those two obstacles were met, and ends with an experiment on this machine:
+#
+# 1. **Why images are hard**: pixels against words, and the *inductive biases* of a convolution (locality and
+#    translation equivariance) that a Transformer lacks. Both measured.
+# 2. **ImageGPT**: every pixel a token, colours quantised by k-means. Shown on 8x8 digits.
+# 3. **ViT**: cut the image into patches, one token per patch, plus a [CLS] token and learned positions. You
+#    write `patchify` and check that it is a convolution in disguise.
+# 4. **Swin**: attention inside windows (`window_partition`, `window_reverse`), windows that shift every other
+#    block (`shifted_window_mask`), a learned bias per relative position in a window
+#    (`relative_position_index_2d`), and patch merging into a pyramid (`merge_patches`).
+# 5. **DaViT**: attention across channels as well as across patches.
+# 6. **The experiment**: a small CNN, a ViT and a Swin trained on the same digits, with all training images and
+#    with only a few hundred, so that you can see what the inductive biases are worth.
+#
+# Six exercises are autograded: `patchify`, `window_partition`, `window_reverse`, `shifted_window_mask`,
+# `relative_position_index_2d` and `merge_patches`. The ViT of the experiment runs on your `patchify`, and the
+# Swin on your five Swin functions, wherever they pass their checks.
+#
+# The textbook treatment is Simon J. D. Prince, *Understanding Deep Learning* (MIT Press, 2023), section 12.10
+# "Transformers for images"; the papers are cited where they come up.
+
+# %%
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.nn as nn
+from sklearn.cluster import KMeans
+
+from transformer_lib import configs
+from transformer_lib.attention import scaled_dot_product_attention
+from transformer_lib.checks import exercise_summary, yours_or_reference
+from transformer_lib.checks.ch12 import (
+    check_merge_patches,
+    check_patchify,
+    check_relative_position_index_2d,
+    check_shifted_window_mask,
+    check_window_partition,
+    check_window_reverse,
+)
+from transformer_lib.datasets_vision import digits_split
+from transformer_lib.diagrams.ch12 import (draw_feature_pyramid, draw_relative_index, draw_shifted_windows,
+                                           draw_vit_pipeline)
+from transformer_lib.layers import EncoderLayer, count_parameters
+from transformer_lib.vision import (SmallCNN, Swin, SwinBlock, SwinConfig, SwinParts, ViT, ViTConfig, accuracy,
+                                    conv_to_linear, cyclic_shift, train_classifier)
+
+torch.manual_seed(0)
+torch.set_printoptions(precision=4, sci_mode=False)
+
+# %% [markdown]
+# ## 1. Why images are hard for a Transformer
+#
+# **Size.** A sentence of a few dozen tokens gives an attention matrix of a few thousand entries per head and per
+# layer. If every pixel were a token, even a small image would be thousands of tokens long, and the matrix
+# grows with the *square* of that length:
+
+# %%
+sizes = [("a 30-word sentence", 30), ("an 8x8 digit, one token per pixel", 8 * 8),
+         ("a 32x32 image", 32 * 32), ("a 64x64 image", 64 * 64), ("a 224x224 ImageNet photo", 224 * 224)]
+for name, tokens in sizes:
+    print(f"{name:<36} {tokens:>7,} tokens -> {tokens ** 2:>15,} attention scores per head and layer")
+
+# %% [markdown]
+# A 224x224 photo, the standard ImageNet size, would need 2.5 billion scores per head and per layer: four bytes
+# each, 10 GB for a single one of them.
+#
+# **Inductive biases.** A convolution assumes two things about images before it sees any. *Locality*: a 3x3 kernel
+# only combines a pixel with its neighbours, so nearby pixels matter most. *Translation equivariance*: the same
+# kernel slides over the whole image, so a pattern is detected the same way wherever it is; shift the input and
+# the feature map shifts with it. The first cell checks the second property exactly (with circular padding, so
+# that nothing falls off the border).
+#
+# Self-attention assumes neither. A token may attend to any other from the first layer on, and without position
+# vectors it does not even know which pixels are neighbours: shuffle the pixels, and the outputs are shuffled the
+# same way (chapter 04's permutation equivariance). The second part of the cell checks that on a Transformer
+# layer reading the 64 pixels of an image as 64 tokens. Everything a convolution knows about 2-D space, a
+# Transformer must learn from examples.
+
+# %%
+def move(t):  # one pixel down, two to the right (what falls off one side comes back on the other)
+    return torch.roll(t, shifts=(1, 2), dims=(2, 3))
+
+
+conv = nn.Conv2d(1, 4, kernel_size=3, padding=1, padding_mode="circular", bias=False)
+image = torch.randn(1, 1, 8, 8)
+with torch.no_grad():
+    equal = torch.allclose(conv(move(image)), move(conv(image)), atol=1e-6)
+print(f"convolution:    conv(shift(x)) equals shift(conv(x)): {equal}  (translation equivariant)")
+
+layer = EncoderLayer(d_model=8, n_heads=2, d_ff=16).eval()
+pixels = torch.randn(1, 64, 8)  # 64 pixel tokens (8 features each), no positions added
+shuffle = torch.randperm(64)
+with torch.no_grad():
+    equal = torch.allclose(layer(pixels[:, shuffle]), layer(pixels)[:, shuffle], atol=1e-5)
+print(f"self-attention: layer(shuffle(x)) equals shuffle(layer(x)): {equal}  (the pixel order carries no meaning)")
+
+# %% [markdown]
+# Prince (*Understanding Deep Learning*, section 12.10) sums up the situation: image Transformers were not
+# expected to work, because of the number of pixels and because they lack these biases, yet with enough model
+# and enough training data they now match or beat convolutional networks at classification. The rest of the
+# chapter is about the ideas that made that possible, and the experiment at the end shows what "enough data"
+# means on a small scale.
+#
+# ## 2. The data: 8x8 handwritten digits
+#
+# We need images that ship with the course: scikit-learn's bundled digits, 1,797 grey images of 8x8 pixels,
+# each pixel one of 17 grey levels (0 to 16), ten classes. `digits_split()` splits them once, with a fixed seed and
+# the same proportion of each digit on both sides: 1,347 images to train on, 450 to test on. Pixels are scaled to
+# [0, 1]; tensors are `[N, 1, 8, 8]`, the `[batch, channels, height, width]` layout of PyTorch's image code.
+
+# %%
+digits = digits_split()
+print("training images:", list(digits.train_images.shape), " test images:", list(digits.test_images.shape))
+print("images per class in the test set:", torch.bincount(digits.test_labels).tolist())
+print("grey levels in use:", digits.levels(digits.train_images).unique().tolist())
+
+fig, axes = plt.subplots(2, 10, figsize=(9, 2.2))
+for ax, img, label in zip(axes.flat, digits.train_images, digits.train_labels):
+    ax.imshow(img[0], cmap="Greys", vmin=0, vmax=1)
+    ax.set_title(str(label.item()), fontsize=9)
+    ax.axis("off")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## 3. ImageGPT: every pixel a token
+#
+# The most direct approach is to treat an image exactly like text. **ImageGPT** (Chen et al., "Generative
+# Pretraining from Pixels", ICML 2020) is a GPT-style decoder (chapter 10) trained to predict the next pixel,
+# row after row. Language models pick each token from a vocabulary, so the pixels need one: instead of
+# $256^3$ possible RGB values, ImageGPT clusters the colours with **k-means** into a palette of 512 ("9-bit
+# colour"), and each pixel becomes the index of its nearest palette colour. As in BERT and GPT, each position
+# gets a learned 1-D position vector; the model learns on its own that a pixel is related to the one before it
+# and to the one above it, a full row earlier.
+#
+# The size problem decides everything: even the largest ImageGPT, 6.8 billion parameters, works on images of at
+# most 64x64 pixels, already 4,096 tokens. Its features were good enough for classification (pool the final
+# states, add a linear layer), but trailed convolutional networks trained on full-resolution images.
+#
+# On our digits: 17 grey levels instead of millions of colours, so a palette of 4 is enough to show the idea.
+# k-means places the 4 palette greys where the pixels are (weighted by how often each level occurs), and every
+# pixel is replaced by the index of the nearest palette grey.
+
+# %%
+levels = np.arange(17)[:, None]  # the 17 grey levels 0..16
+counts = torch.bincount(digits.levels(digits.train_images).flatten(), minlength=17).numpy()
+kmeans = KMeans(n_clusters=4, n_init=10, random_state=0).fit(levels, sample_weight=counts)
+order = np.argsort(kmeans.cluster_centers_.ravel())  # number the palette from dark to light
+palette = kmeans.cluster_centers_.ravel()[order]
+token_of_level = np.argsort(order)[kmeans.predict(levels)]  # grey level -> palette index
+print("palette (grey levels):", np.round(palette, 2).tolist())
+print("grey level -> token:  ", token_of_level.tolist())
+
+sample = digits.levels(digits.train_images[:1])[0, 0].numpy()  # [8, 8] grey levels 0..16
+tokens = token_of_level[sample]  # [8, 8] palette indices 0..3
+print(f"the first digit as a sequence of {tokens.size} tokens, row by row:")
+print(" ".join(str(t) for t in tokens.flatten()))
+
+fig, axes = plt.subplots(1, 2, figsize=(4.6, 2.4))
+axes[0].imshow(sample, cmap="Greys", vmin=0, vmax=16)
+axes[0].set_title("17 grey levels", fontsize=9)
+axes[1].imshow(palette[tokens], cmap="Greys", vmin=0, vmax=16)
+axes[1].set_title("4-grey palette (tokens)", fontsize=9)
+for ax in axes:
+    ax.axis("off")
+fig.tight_layout()
+plt.show()
+print(f"attention scores per head and layer: 8x8 -> {64 ** 2:,};  64x64 -> {4096 ** 2:,}")
+
+# %% [markdown]
+# The quantised digit is still perfectly readable, and it is now a "sentence" of 64 tokens over a vocabulary of 4.
+# The last line is the catch: at 64x64 pixels, the size of ImageGPT's largest model, each head of each layer
+# computes 16.8 million attention scores for a single image. Pixels are too small a unit.
+
+# %% [markdown]
+# ## 4. ViT: an image is worth 16x16 words
+#
+# The **Vision Transformer** (Dosovitskiy et al., "An Image is Worth 16x16 Words: Transformers for Image
+# Recognition at Scale", ICLR 2021) makes the tokens bigger. It cuts the image into non-overlapping
+# $p \times p$ **patches** (16x16 pixels for ImageNet), flattens each patch into a vector of $C p^2$ numbers, and
+# maps it with one learned linear layer to a token of $d_{model}$ features. A 224x224 photo becomes
+# $14 \times 14 = 196$ tokens instead of 50,176: attention is affordable again, and the encoder after that is the
+# one of chapter 05.
+#
+# The first step is pure bookkeeping, and it has to be exactly right: which pixels go into which token, and in
+# which order.
+
+# %% [markdown]
+# ### Exercise 1 — `patchify`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
+#
+# Write `patchify(images, patch)`:
+#
+# * `images`: `[B, C, H, W]`, with `H` and `W` multiples of `patch`.
+# * returns `[B, N, C * patch * patch]` with `N = (H / patch) * (W / patch)`: one row per patch.
+# * the patches are in **reading order** (left to right along the top row of patches, then the next row down);
+# * each patch is flattened **channel first, then row, then column** (the memory layout of an image
+#   `[C, p, p]` cut out of `images`). This is the layout of a `Conv2d` kernel `[D, C, p, p]`, so that a linear
+#   layer on your tokens can reproduce the patch embedding of published ViTs exactly.
+#
+# Worked example: a single grey 4x4 image holding 0, 1, ..., 15 row by row, `patch=2`, gives
+# `[[[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, 12, 13], [10, 11, 14, 15]]]`: the top-left square first, then the
+# top-right one.
+#
+# <details><summary>Hint 1 — the idea</summary>A reshape can split an axis into two: the height <code>H</code>
+# into (which row of patches, which row inside the patch), the width likewise. Then reorder the axes so that the
+# two "which patch" axes come first and everything inside one patch comes last, and merge them again.</details>
+# <details><summary>Hint 2 — the plan</summary><code>[B, C, H, W]</code> → reshape →
+# <code>[B, C, H/p, p, W/p, p]</code> → permute → <code>[B, H/p, W/p, C, p, p]</code> → reshape →
+# <code>[B, N, C*p*p]</code>. The permute is the step that is easy to get wrong: its order is
+# <code>(0, 2, 4, ...)</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "patchify", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def patchify(images: torch.Tensor, patch: int) -> torch.Tensor:
+    """Cut [B, C, H, W] images into patch x patch squares, one flattened row per square: [B, N, C*patch*patch]."""
+    ### BEGIN SOLUTION
+    b, c, h, w = images.shape
+    x = images.reshape(b, c, h // patch, patch, w // patch, patch)  # [B, C, rows, p, cols, p]
+    x = x.permute(0, 2, 4, 1, 3, 5)  # [B, rows, cols, C, p, p]
+    return x.reshape(b, (h // patch) * (w // patch), c * patch * patch)  # [B, N, C*p*p]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "patchify_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_patchify(patchify)
+### BEGIN HIDDEN TESTS
+check_patchify(patchify, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+patchify_impl = yours_or_reference(patchify, check_patchify)
+
+# %% [markdown]
+# The worked example, then a digit cut into its 16 patches of 2x2 pixels, each shown as the 4 values of its token:
+
+# %%
+print(patchify_impl(torch.arange(16.0).reshape(1, 1, 4, 4), 2))
+
+tokens = patchify_impl(digits.train_images[:1], 2)[0]  # [16, 4]
+fig, axes = plt.subplots(1, 2, figsize=(7, 2.6), gridspec_kw={"width_ratios": [1, 2.6]})
+axes[0].imshow(digits.train_images[0, 0], cmap="Greys", vmin=0, vmax=1)
+for k in range(1, 4):
+    axes[0].axhline(2 * k - 0.5, color="#d9822b")
+    axes[0].axvline(2 * k - 0.5, color="#d9822b")
+axes[0].set_title("a digit, 2x2 patches", fontsize=9)
+axes[0].axis("off")
+axes[1].imshow(tokens.T, cmap="Greys", vmin=0, vmax=1)
+axes[1].set_xticks(range(16), [str(n) for n in range(16)], fontsize=7)
+axes[1].set_yticks(range(4), ["(0,0)", "(0,1)", "(1,0)", "(1,1)"], fontsize=7)
+axes[1].set_xlabel("token = patch number (reading order)", fontsize=8)
+axes[1].set_ylabel("pixel in patch", fontsize=8)
+axes[1].set_title("the 16 tokens, one column each", fontsize=9)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# **A convolution in disguise.** Published ViTs implement the patch embedding as a `Conv2d` whose kernel size and
+# stride both equal the patch size: each output position sees exactly one patch, with the same weights
+# everywhere. That is the same computation as `Linear(C*p*p, d_model)` applied to your tokens, if the kernel
+# `[d_model, C, p, p]` is flattened in the same order as your patches (the library's `conv_to_linear` copies it
+# into a linear layer). Check on random RGB images:
+
+# %%
+torch.manual_seed(1)
+patch_conv = nn.Conv2d(3, 32, kernel_size=4, stride=4)
+rgb = torch.randn(2, 3, 16, 12)
+with torch.no_grad():
+    by_conv = patch_conv(rgb).flatten(2).transpose(1, 2)  # [2, 12, 32]: one row per output position
+    by_linear = conv_to_linear(patch_conv)(patchify_impl(rgb, 4))  # [2, 12, 32]
+print("shapes:", list(by_conv.shape), list(by_linear.shape))
+print("Conv2d and Linear(patchify_impl) agree (to 1e-5):", torch.allclose(by_conv, by_linear, atol=1e-5))
+
+# %% [markdown]
+# ### The rest of ViT: [CLS], positions, encoder, head
+#
+# From the tokens on, ViT is an encoder like BERT's (chapter 09), built from the pre-norm layers of chapter 05:
+#
+# * a learned **[CLS]** token is put in front of the patch tokens. It stands for no patch; through attention its
+#   final state becomes a summary of the image, and the classifier reads it alone;
+# * a learned **position** vector is added to every token, [CLS] included. The positions are 1-D (patch 0, 1,
+#   2, ...): the model is not told that patch 4 sits under patch 0, it learns it;
+# * $L$ pre-norm encoder layers (LayerNorm, multi-head attention, residual; LayerNorm, GELU MLP, residual) and a
+#   final LayerNorm;
+# * a linear layer on [CLS]'s final state gives the class scores.
+
+# %%
+draw_vit_pipeline(digits.train_images[0, 0].numpy(), patch=4)
+plt.show()
+
+# %% [markdown]
+# The library's `ViT` puts these pieces together around the library's `EncoderLayer`, and runs on whatever
+# `patchify` it is given. A ViT for our digits with 2x2 patches has 16 patch tokens plus [CLS]. Built on your
+# `patchify` (where it passed), it maps a batch of digits to 10 class scores; the weights are still random:
+
+# %%
+torch.manual_seed(0)
+tiny_vit = ViT(ViTConfig(image_size=8, patch_size=2, in_channels=1, n_classes=10, d_model=48, n_heads=3,
+                         n_layers=2, d_ff=96), patchify=patchify_impl)
+batch = digits.train_images[:5]  # [5, 1, 8, 8]
+with torch.no_grad():
+    print("encoder input (with [CLS]):", list(tiny_vit.embed(batch).shape))
+    print("class scores:             ", list(tiny_vit(batch).shape))
+print(f"parameters: {count_parameters(tiny_vit):,}")
+
+vit_b16 = configs.vit_b16(device="meta")  # the paper's ViT-B/16, built without allocating memory
+print(f"ViT-B/16 on 224x224 images: {vit_b16.config.n_patches} patches + [CLS], "
+      f"{count_parameters(vit_b16):,} parameters")
+
+# %% [markdown]
+# ViT-B/16 (12 layers, $d_{model} = 768$, 12 heads) has 86.6 million parameters, the "86M" of the paper's table.
+#
+# The ViT paper's central finding is about data. Trained on ImageNet alone (1.3 million images), ViT did worse
+# than convolutional networks of the same size. Pre-trained on JFT-300M, Google's internal collection of about
+# 300 million labelled images in 18,000 classes, and then fine-tuned, it beat them. Prince reports the outcome
+# as an ImageNet top-1 error of 11.45%. The convolution's built-in biases are worth a great deal of data; with
+# enough of it, a model that learns its own biases wins. The experiment in section 10 shows the first half of
+# that sentence on the digits.
+
+# %% [markdown]
+# ## 5. Swin: attention inside windows
+#
+# ViT works at one scale: 16x16 patches from the first layer to the last, and every token attends to every
+# other. Two consequences. The cost is still quadratic in the number of patches, which rules out the high
+# resolutions that detection and segmentation need. And a CNN's most useful habit is missing: starting from
+# small, local features and building a *pyramid* of coarser, wider ones.
+#
+# The **Swin Transformer** (Liu et al., "Swin Transformer: Hierarchical Vision Transformer using Shifted
+# Windows", ICCV 2021) brings both back. It uses small patches (4x4 pixels) and lets each token attend only to
+# the tokens in its own **window** of $M \times M$ tokens ($M = 7$). The cost per image becomes
+# (number of windows) × $M^4$: linear in the number of tokens.
+
+# %%
+side, m = 56, 7  # Swin-T's first stage: a 224x224 image in 4x4 patches is a 56x56 map; 7x7 windows
+n_tokens = side * side
+global_scores = n_tokens ** 2
+window_scores = (side // m) ** 2 * (m * m) ** 2
+print(f"{n_tokens:,} tokens: global attention {global_scores:,} scores, "
+      f"{(side // m) ** 2} windows of {m}x{m}: {window_scores:,} scores ({global_scores / window_scores:.0f}x fewer)")
+
+# %% [markdown]
+# To attend inside windows, the map `[B, H, W, C]` (Swin keeps its tokens as a 2-D map) is cut into windows,
+# each window becomes a short sequence, and attention runs on all windows of all images as one big batch. Then
+# the tokens go back to their places. Those are the next two exercises: `window_partition` and its inverse
+# `window_reverse`.
+
+# %% [markdown]
+# ### Exercise 2 — `window_partition`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
+#
+# Write `window_partition(x, window)`:
+#
+# * `x`: a feature map `[B, H, W, C]` (channels **last**), `H` and `W` multiples of `window` (= $M$).
+# * returns `[B * nW, M * M, C]` with `nW = (H / M) * (W / M)`: every window as a sequence of $M^2$ tokens.
+# * order: image by image; within an image, windows in reading order; within a window, tokens in reading order.
+#
+# Worked example: a 4x4 map with one channel holding 0..15 row by row (`x = torch.arange(16.).reshape(1, 4, 4, 1)`),
+# `window=2`, gives 4 windows of 4 tokens; window 0 holds 0, 1, 4, 5 and window 1 holds 2, 3, 6, 7 (shape
+# `[4, 4, 1]`). The same numbers as `patchify`'s example: cutting a map into windows is patchifying it, with the
+# channels kept apart instead of flattened into the token.
+#
+# <details><summary>Hint 1 — the idea</summary>Split the height into (window row, row inside the window) and the
+# width into (window column, column inside the window), move the two window indices next to the batch, and
+# merge: the batch and the window indices into one axis, the two in-window axes into another.</details>
+# <details><summary>Hint 2 — the plan</summary><code>[B, H, W, C]</code> → <code>[B, H/M, M, W/M, M, C]</code> →
+# permute → <code>[B, H/M, W/M, M, M, C]</code> → <code>[B*nW, M*M, C]</code> (a reshape with
+# <code>-1</code> in front does the merging).</details>
+
+# %% nbgrader={"grade": false, "grade_id": "window_partition", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def window_partition(x: torch.Tensor, window: int) -> torch.Tensor:
+    """Cut a [B, H, W, C] map into window x window squares: [B * nW, window * window, C]."""
+    ### BEGIN SOLUTION
+    b, h, w, c = x.shape
+    x = x.reshape(b, h // window, window, w // window, window, c)  # [B, rows, M, cols, M, C]
+    x = x.permute(0, 1, 3, 2, 4, 5)  # [B, rows, cols, M, M, C]
+    return x.reshape(-1, window * window, c)  # [B*nW, M*M, C]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "window_partition_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_window_partition(window_partition)
+### BEGIN HIDDEN TESTS
+check_window_partition(window_partition, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+window_partition_impl = yours_or_reference(window_partition, check_window_partition)
+
+# %% [markdown]
+# ### Exercise 3 — `window_reverse`
+# > **Difficulty** ●●○ · **Importance** ●●○ · about 10 minutes
+#
+# Write `window_reverse(windows, window, height, width)`, the inverse of `window_partition`: it takes
+# `[B * nW, M * M, C]` and returns the map `[B, H, W, C]` (with `H = height`, `W = width`), every token back at
+# its place, so that `window_reverse(window_partition(x, M), M, H, W)` equals `x`.
+#
+# Worked example: the 4 windows of the previous example, `window=2, height=4, width=4`, give back the 4x4 map
+# holding 0..15 row by row.
+#
+# <details><summary>Hint 1 — the idea</summary>Undo the three steps of <code>window_partition</code> in reverse
+# order: split the axes that were merged, swap back the axes that were permuted, merge what was split.</details>
+# <details><summary>Hint 2 — the plan</summary><code>[B*nW, M*M, C]</code> → <code>[B, H/M, W/M, M, M, C]</code>
+# (let <code>-1</code> find <code>B</code>) → permute → <code>[B, H/M, M, W/M, M, C]</code> →
+# <code>[B, H, W, C]</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "window_reverse", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def window_reverse(windows: torch.Tensor, window: int, height: int, width: int) -> torch.Tensor:
+    """Put [B * nW, window * window, C] windows back together into [B, height, width, C] maps."""
+    ### BEGIN SOLUTION
+    c = windows.shape[-1]
+    x = windows.reshape(-1, height // window, width // window, window, window, c)  # [B, rows, cols, M, M, C]
+    x = x.permute(0, 1, 3, 2, 4, 5)  # [B, rows, M, cols, M, C]
+    return x.reshape(-1, height, width, c)  # [B, H, W, C]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "window_reverse_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_window_reverse(window_reverse)
+### BEGIN HIDDEN TESTS
+check_window_reverse(window_reverse, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+window_reverse_impl = yours_or_reference(window_reverse, check_window_reverse)
+
+# %% [markdown]
+# The worked examples, and the round trip on a batch of random maps:
+
+# %%
+grid = torch.arange(16.0).reshape(1, 4, 4, 1)
+windows = window_partition_impl(grid, 2)
+print("windows:", windows[..., 0].tolist())
+print("back:   ", window_reverse_impl(windows, 2, 4, 4)[0, ..., 0].tolist())
+maps = torch.randn(3, 8, 12, 5)
+print("round trip exact on [3, 8, 12, 5]:",
+      torch.equal(window_reverse_impl(window_partition_impl(maps, 4), 4, 8, 12), maps))
+
+# %% [markdown]
+# ## 6. Shifted windows, and the mask that makes them work
+#
+# Windows have a flaw: a token never sees anything outside its window, however many layers are stacked. Swin's
+# remedy is to **shift** the windows by $M/2$ tokens in every other block. A window of the shifted grid straddles
+# four windows of the regular one, so information crosses window borders, block after block.
+#
+# Shifting the grid makes the windows at the border smaller (picture, panel 2): a 8x8 map with $M = 4$ has 4
+# regular windows but 9 shifted ones, some of them 2x2. Padding them all to $M \times M$ would waste compute.
+# Swin's trick is a **cyclic shift** instead: roll the whole map up and to the left by $M/2$ with `torch.roll`,
+# so that the rows and columns that fall off the top and left come back at the bottom and right (panel 3). Then cut
+# the usual $M \times M$ windows. Their number does not change, and the windows in the middle are exactly the
+# shifted windows.
+#
+# The windows of the last row and column, however, now hold pieces of the map that are not neighbours at all: the
+# top strip of the image sits next to its bottom strip. Those pieces must not attend to each other. A **mask**
+# allows attention only between tokens that came from the same piece (panel 4, for the bottom-right window),
+# and after attention the map is rolled back. The library's `cyclic_shift(x, shift)` is the roll,
+# `torch.roll(x, shifts=(-shift, -shift), dims=(1, 2))`: below, a 4x4 map holding 0..15 rolled by 1, whose first
+# row and column reappear at the bottom and on the right.
+
+# %%
+print(cyclic_shift(torch.arange(16.0).reshape(1, 4, 4, 1), 1)[0, ..., 0])  # a 4x4 map rolled by 1
+draw_shifted_windows()
+plt.show()
+
+# %% [markdown]
+# How to build the mask without thinking about windows at all: along one axis of length $H$, after the roll by
+# $-s$ with windows of $M$, the positions fall into three **bands**: $[0, H - M)$ (whole windows, never mixed),
+# $[H - M, H - s)$ (the last window's share of the original map), and $[H - s, H)$ (the strip that wrapped
+# around). Label each position of the map with its row band and its column band, `label = row_band * 3 +
+# column_band` (9 labels), cut the label map into windows like the tokens, and let token $i$ attend to token $j$
+# of the same window exactly when their labels are equal.
+
+# %% [markdown]
+# ### Exercise 4 — `shifted_window_mask`
+# > **Difficulty** ●●● · **Importance** ●●● · about 20 minutes
+#
+# Write `shifted_window_mask(height, width, window, shift)`:
+#
+# * returns a boolean `[nW, M * M, M * M]` (`nW = (height / M) * (width / M)`), one mask per window in
+#   `window_partition`'s order, rows = queries, columns = keys, both in the window's reading order;
+# * `True` = may attend (the course's convention): the two tokens carry the same label as described above;
+# * with `shift = 0` every entry is `True`.
+#
+# Worked example: `shifted_window_mask(4, 4, 2, 1)`. The bands of each axis are `[0, 0, 1, 2]`, so the labels are
+# rows `[0, 0, 1, 2]`, `[0, 0, 1, 2]`, `[3, 3, 4, 5]`, `[6, 6, 7, 8]`. Window 0 (labels 0, 0, 0, 0) is all
+# `True`; window 3, the bottom-right one (labels 4, 5, 7, 8), is the 4x4 identity: its four tokens come from four
+# different corners of the original map, and each may only attend to itself.
+#
+# <details><summary>Hint 1 — the idea</summary>Compute the band of every row index and of every column index with
+# two comparisons each (<code>idx >= H - M</code>, <code>idx >= H - shift</code>) and add them; combine the two
+# into a label map <code>[H, W]</code>; your <code>window_partition_impl</code> cuts it into windows if you give it
+# a batch and a channel axis.</details>
+# <details><summary>Hint 2 — the plan</summary>bands <code>[H]</code> and <code>[W]</code> → labels
+# <code>[H, W]</code> → <code>label[None, :, :, None]</code> through <code>window_partition_impl</code> →
+# <code>[nW, M*M, 1]</code> → drop the last axis → <code>[nW, M*M]</code> → compare
+# <code>labels[:, :, None]</code> with <code>labels[:, None, :]</code> → <code>[nW, M*M, M*M]</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "shifted_window_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def shifted_window_mask(height: int, width: int, window: int, shift: int) -> torch.Tensor:
+    """Boolean [nW, window^2, window^2]: True where two tokens of a window of the rolled map come from the same piece."""
+    ### BEGIN SOLUTION
+    rows, cols = torch.arange(height), torch.arange(width)
+    row_band = (rows >= height - window).long() + (rows >= height - shift).long()  # [H]
+    col_band = (cols >= width - window).long() + (cols >= width - shift).long()  # [W]
+    label = row_band[:, None] * 3 + col_band[None, :]  # [H, W]
+    windows = window_partition_impl(label[None, :, :, None], window)[..., 0]  # [nW, M*M]
+    return windows[:, :, None] == windows[:, None, :]  # [nW, M*M, M*M]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "shifted_window_mask_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_shifted_window_mask(shifted_window_mask)
+### BEGIN HIDDEN TESTS
+check_shifted_window_mask(shifted_window_mask, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+shifted_window_mask_impl = yours_or_reference(shifted_window_mask, check_shifted_window_mask)
+
+# %% [markdown]
+# The worked example, and the picture again, this time with the mask your function computes for the 8x8 map:
+
+# %%
+print(shifted_window_mask_impl(4, 4, 2, 1).int())
+draw_shifted_windows(shifted_window_mask_impl)
+plt.show()
+
+# %% [markdown]
+# **Does the mask do its job?** In a shifted block, token (0, 0) (top-left of the image) is rolled into the
+# bottom-right window, right next to token (7, 7) (bottom-right of the image), its neighbour only through the
+# wrap-around. Change token (0, 0) and watch the output at (7, 7) of one `SwinBlock`, once with your mask and once
+# with a mask that allows everything:
+
+# %%
+def allow_all(height, width, window, shift):  # a "mask" that blocks nothing
+    n_windows = (height // window) * (width // window)
+    return torch.ones(n_windows, window * window, window * window, dtype=torch.bool)
+
+
+feature_map = torch.randn(1, 8, 8, 16)  # [B, H, W, C]
+changed = feature_map.clone()
+changed[0, 0, 0] += torch.randn(16)
+for name, mask_fn in [("your mask", shifted_window_mask_impl), ("no mask", allow_all)]:
+    torch.manual_seed(0)
+    block = SwinBlock(16, 2, (8, 8), window=4, shift=2,
+                      parts=SwinParts(window_partition=window_partition_impl, window_reverse=window_reverse_impl,
+                                      shifted_window_mask=mask_fn)).eval()
+    with torch.no_grad():
+        nn.init.normal_(block.attn.w_v.weight)  # large enough weights that any leak shows
+        effect = (block(changed) - block(feature_map))[0, 7, 7].abs().max().item()
+    print(f"{name:>9}: change at (7, 7) = {effect:.1e}")
+
+# %% [markdown]
+# With the mask, the wrapped-around neighbour has no influence at all (exactly zero); without it, the bottom of
+# the digit would attend to its top as if they touched.
+
+# %% [markdown]
+# ## 7. Relative position bias
+#
+# Swin adds no position vectors to its tokens. Instead, each head of each block adds a learned number to each
+# attention score, chosen by **where the key is relative to the query** inside the window: the same offset,
+# the same bias, wherever the pair sits (the 1-D version is chapter 04's relative position bias). Inside an
+# $M \times M$ window, the row offset $dy$ and the column offset $dx$ each lie in $[-(M-1), M-1]$, so there are
+# $(2M - 1)^2$ possible offsets, and each head has a table `[(2M-1)^2, heads]` of learned biases. What remains is
+# to compute, once, which row of the table each (query, key) pair of a window reads.
+
+# %% [markdown]
+# ### Exercise 5 — `relative_position_index_2d`
+# > **Difficulty** ●●○ · **Importance** ●●○ · about 15 minutes
+#
+# Write `relative_position_index_2d(window)`, returning an int64 tensor `[M * M, M * M]`:
+#
+# * token $t$ of a window (reading order) sits at row $y = t // M$ and column $x = t \% M$;
+# * for query $i$ and key $j$: $dy = y_i - y_j$, $dx = x_i - x_j$ (query minus key);
+# * shift both into $[0, 2M - 2]$ by adding $M - 1$, and number the pairs like the cells of a $(2M-1) \times (2M-1)$
+#   grid: `index = (dy + M - 1) * (2M - 1) + (dx + M - 1)`.
+#
+# Worked example: `relative_position_index_2d(2)` is
+# `[[4, 3, 1, 0], [5, 4, 2, 1], [7, 6, 4, 3], [8, 7, 5, 4]]`: the diagonal (offset (0, 0)) is always the middle row
+# of the table, 4 of 0..8; the same number appears wherever the offset is the same.
+#
+# <details><summary>Hint 1 — the idea</summary>Make the coordinates of the $M^2$ tokens, one row and one column
+# each, then subtract every key's coordinates from every query's with broadcasting.</details>
+# <details><summary>Hint 2 — the plan</summary><code>y</code>, <code>x</code>: <code>[M*M]</code> (from
+# <code>torch.arange(M * M)</code> with <code>//</code> and <code>%</code>, or from <code>torch.meshgrid</code>);
+# <code>dy = y[:, None] - y[None, :]</code>: <code>[M*M, M*M]</code>, the same for <code>dx</code>; then shift and
+# combine.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "relative_position_index_2d", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def relative_position_index_2d(window: int) -> torch.Tensor:
+    """int64 [window^2, window^2]: the bias table's row for each (query, key) pair of a window."""
+    ### BEGIN SOLUTION
+    t = torch.arange(window * window)
+    y, x = t // window, t % window  # [M*M] each: row and column inside the window
+    dy = y[:, None] - y[None, :] + (window - 1)  # [M*M, M*M], in [0, 2M-2]
+    dx = x[:, None] - x[None, :] + (window - 1)
+    return dy * (2 * window - 1) + dx
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "relative_position_index_2d_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_relative_position_index_2d(relative_position_index_2d)
+### BEGIN HIDDEN TESTS
+check_relative_position_index_2d(relative_position_index_2d, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+relative_position_index_2d_impl = yours_or_reference(relative_position_index_2d, check_relative_position_index_2d)
+
+# %% [markdown]
+# The index of a 3x3 window: each number is one offset, and the same number along each diagonal stripe says
+# "same offset, same bias".
+
+# %%
+print(relative_position_index_2d_impl(2))
+draw_relative_index(relative_position_index_2d_impl(3), 3)
+plt.show()
+
+# %% [markdown]
+# In a block, the lookup `bias_table[index]` gives `[M*M, M*M, heads]`; permuted to `[heads, M*M, M*M]`, it is added
+# to every window's scores through the `bias=` argument of the library's `MultiHeadAttention`, next to the
+# shifted-window mask. The table is a parameter, trained like any weight; the index is fixed. One table per block
+# holds $(2M - 1)^2 \times$ heads numbers: 169 × 3 = 507 in the first block of Swin-T.
+
+# %% [markdown]
+# ## 8. Patch merging: a feature pyramid
+#
+# Between stages, Swin halves the resolution and doubles the channels, like the pooling steps of a CNN: every 2x2
+# block of neighbouring tokens is concatenated into one token of $4C$ features, normalised with a LayerNorm, and
+# mapped to $2C$ by a linear layer (no bias). After three merges the 56x56 map of Swin-T is 7x7, a single window:
+# the last stage attends globally, and its tokens each summarise a 32x32-pixel region.
+#
+# Which neighbour goes first in the concatenation does not matter to a freshly initialised model, but it matters a
+# great deal to anyone loading published weights: the official code concatenates them as x0 = (row 0, col 0),
+# x1 = (1, 0), x2 = (0, 1), x3 = (1, 1) of each block (the row offset changes first), and so does Hugging Face's.
+
+# %% [markdown]
+# ### Exercise 6 — `merge_patches`
+# > **Difficulty** ●○○ · **Importance** ●●○ · about 10 minutes
+#
+# Write `merge_patches(x)`: `x` is `[B, H, W, C]` with `H` and `W` even; return `[B, H/2, W/2, 4C]` where merged
+# token `(i, j)` is the concatenation, along the channels, of the tokens at `(2i, 2j)`, `(2i+1, 2j)`, `(2i, 2j+1)`
+# and `(2i+1, 2j+1)`, in that order, each keeping its `C` channels together. (The LayerNorm and the linear layer
+# are the library's `PatchMerging`, which calls your function.)
+#
+# Worked example: the 4x4 map holding 0..15 (one channel) gives `[B=1, 2, 2, 4]`; merged token (0, 0) is
+# `[0, 4, 1, 5]` and merged token (1, 1) is `[10, 14, 11, 15]`.
+#
+# <details><summary>Hint 1 — the idea</summary>Slicing with a step of 2 picks one corner of every 2x2 block at
+# once: rows 0, 2, 4, ... and columns 0, 2, 4, ... are all the top-left corners.</details>
+# <details><summary>Hint 2 — the plan</summary>Four slices of shape <code>[B, H/2, W/2, C]</code>, the first being
+# <code>x[:, 0::2, 0::2]</code>; then one <code>torch.cat</code> along the last axis.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "merge_patches", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def merge_patches(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate each 2x2 block of a [B, H, W, C] map in the order (0,0), (1,0), (0,1), (1,1): [B, H/2, W/2, 4C]."""
+    ### BEGIN SOLUTION
+    top_left, bottom_left = x[:, 0::2, 0::2], x[:, 1::2, 0::2]  # [B, H/2, W/2, C] each
+    top_right, bottom_right = x[:, 0::2, 1::2], x[:, 1::2, 1::2]
+    return torch.cat([top_left, bottom_left, top_right, bottom_right], dim=-1)  # [B, H/2, W/2, 4C]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "merge_patches_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_merge_patches(merge_patches)
+### BEGIN HIDDEN TESTS
+check_merge_patches(merge_patches, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+merge_patches_impl = yours_or_reference(merge_patches, check_merge_patches)
+
+# %% [markdown]
+# The worked example, and the pyramid: ViT keeps one grid of tokens from the first layer to the last, Swin shrinks
+# it at every stage while the channels grow.
+
+# %%
+print(merge_patches_impl(torch.arange(16.0).reshape(1, 4, 4, 1))[0])
+draw_feature_pyramid()
+plt.show()
+
+# %% [markdown]
+# The paper's smallest model, **Swin-T**: $C = 96$, stages of 2, 2, 6 and 2 blocks with 3, 6, 12 and 24 heads,
+# 4x4 patches and 7x7 windows. Built on the `meta` device (no memory allocated), with the shape of the map after
+# each stage for a 224x224 image:
+
+# %%
+swin_t = configs.swin_t(device="meta")
+resolution, dim = swin_t.config.grid, swin_t.config.embed_dim
+for i, stage in enumerate(swin_t.stages, start=1):
+    blocks = stage.blocks
+    shifts = [b.shift for b in blocks]
+    print(f"stage {i}: {resolution[0]:>2}x{resolution[1]:<2} tokens x {dim:>3} channels, {len(blocks)} blocks, "
+          f"{blocks[0].attn.n_heads:>2} heads, windows {blocks[0].window}x{blocks[0].window}, shifts {shifts}")
+    if stage.merge is not None:
+        resolution, dim = (resolution[0] // 2, resolution[1] // 2), dim * 2
+print(f"Swin-T: {count_parameters(swin_t):,} parameters")
+
+# %% [markdown]
+# 28.3 million parameters, the "28M" of the paper's table (Liu et al. report 81.3% top-1 accuracy on ImageNet for
+# this size). The last stage's 7x7 map is exactly one window, so its blocks are never shifted: there is nothing
+# to shift. For classification Swin has no [CLS] token: it averages the final LayerNorm's output over all
+# positions and applies a linear layer.
+#
+# The library's `Swin` assembles the blocks from your functions (`SwinParts`), and `tests/test_vision.py` copies
+# the weights of Hugging Face's `SwinForImageClassification` and `ViTForImageClassification` (built from small
+# random configurations) into the course's models and finds the same outputs to float precision. The orders you
+# implemented (windows, roll direction, index, merging) are the published ones.
+
+# %% [markdown]
+# ## 9. DaViT: attention across channels too
+#
+# Windows buy speed by giving up global attention within a block. **DaViT** (Ding et al., "DaViT: Dual Attention
+# Vision Transformers", ECCV 2022) gets a global view back cheaply with a second kind of attention, across
+# **channels**. Transpose the tokens: each channel becomes a "token" whose features are its values at all $N$
+# patches. Attention between channels then compares whole feature maps, and every channel's new value mixes
+# information from the entire image. Its score matrix is $C \times C$ (DaViT splits the channels into groups, one
+# per head), which does not grow with the image at all. DaViT alternates the two: spatial window attention, which
+# models local detail between patches, then channel attention, which gives every block a global receptive field.
+# In code, with the library's attention function, the two differ only by a transpose:
+
+# %%
+n_patches, channels = 56 * 56, 96
+feature_tokens = torch.randn(1, n_patches, channels)  # [B, N, C]: one row per patch
+_, spatial = scaled_dot_product_attention(feature_tokens[:, :49], feature_tokens[:, :49], feature_tokens[:, :49])
+channel_tokens = feature_tokens.transpose(1, 2)  # [B, C, N]: one row per channel
+mixed, channel_weights = scaled_dot_product_attention(channel_tokens, channel_tokens, channel_tokens)
+print(f"spatial attention in one 7x7 window: scores {list(spatial.shape)}")
+print(f"channel attention over all {n_patches:,} patches: scores {list(channel_weights.shape)}, "
+      f"output back as [B, N, C]: {list(mixed.transpose(1, 2).shape)}")
+print(f"global spatial attention would need {n_patches ** 2:,} scores; channel attention needs {channels ** 2:,}")
+
+# %% [markdown]
+# ## 10. The experiment: a CNN, a ViT and a Swin on the digits
+#
+# Time to compare the three families on equal terms: the same 1,347 training images, the same optimiser (AdamW
+# with a short warm-up and a cosine decay, weight decay 0.05), batches of 64, and the same number of steps for
+# each (200). The models are small enough for one CPU thread:
+#
+# * **CNN**: two 3x3 convolutions (16 and 32 channels) with a max-pool between them, and a linear layer: locality
+#   and weight sharing built in;
+# * **ViT**: 2x2 patches (16 tokens + [CLS]), $d_{model} = 48$, 3 heads, 2 layers; it runs on your `patchify`;
+# * **Swin**: 2x2 patches (a 4x4 map), $C = 32$, windows of 2x2 tokens shifted by 1 in every other block, then
+#   one patch merging to a 2x2 map with 64 channels (one window); 2 blocks per stage, 2 and 4 heads. It runs on
+#   your `patchify`, `window_partition`, `window_reverse`, `shifted_window_mask`, `relative_position_index_2d` and
+#   `merge_patches`.
+#
+# Training is seeded, so every run of this notebook prints the same accuracies.
+
+# %%
+def make_cnn():
+    return SmallCNN(in_channels=1, n_classes=10, width=16)
+
+
+def make_vit():
+    config = ViTConfig(image_size=8, patch_size=2, in_channels=1, n_classes=10, d_model=48, n_heads=3, n_layers=2,
+                       d_ff=96)
+    return ViT(config, patchify=patchify_impl)
+
+
+your_parts = SwinParts(patchify=patchify_impl, window_partition=window_partition_impl,
+                       window_reverse=window_reverse_impl, shifted_window_mask=shifted_window_mask_impl,
+                       relative_position_index_2d=relative_position_index_2d_impl, merge_patches=merge_patches_impl)
+
+
+def make_swin():
+    config = SwinConfig(image_size=8, patch_size=2, in_channels=1, n_classes=10, embed_dim=32, depths=(2, 2),
+                        n_heads=(2, 4), window=2)
+    return Swin(config, parts=your_parts)
+
+
+MODELS = {"CNN": (make_cnn, 3e-3), "ViT": (make_vit, 2e-3), "Swin": (make_swin, 2e-3)}  # builder, learning rate
+STEPS = {150: 80, 400: 100, len(digits.train_images): 200}  # training-set size -> steps
+
+
+def train_one(name: str, n_train: int, seed: int, progress: bool = False):
+    """Train one model from scratch on n_train training images (a seeded subset); return (model, losses)."""
+    build, lr = MODELS[name]
+    torch.manual_seed(seed)
+    model = build()
+    images, labels = digits.subset(n_train, seed)
+    losses = train_classifier(model, images, labels, steps=STEPS[n_train], batch_size=64, lr=lr, seed=seed,
+                              progress=progress, desc=name)
+    return model, losses
+
+
+for name, (build, _) in MODELS.items():
+    print(f"{name:>4}: {count_parameters(build()):>7,} parameters")
+
+# %% tags=["nbval-ignore-output"]
+start = time.perf_counter()
+N_ALL = len(digits.train_images)
+trained = {name: train_one(name, N_ALL, seed=0, progress=True) for name in MODELS}
+print(f"three models trained in {time.perf_counter() - start:.1f} s")
+
+# %%
+main_accuracy = {}
+for name, (model, losses) in trained.items():
+    main_accuracy[name] = accuracy(model, digits.test_images, digits.test_labels)
+    print(f"{name:>4}: final training loss {sum(losses[-20:]) / 20:.3f}, "
+          f"test accuracy {main_accuracy[name]:.1%} ({round(main_accuracy[name] * 450)} of 450)")
+
+fig, ax = plt.subplots(figsize=(7, 2.8))
+for name, (_, losses) in trained.items():
+    smooth = np.convolve(losses, np.ones(10) / 10, mode="valid")
+    ax.plot(range(10, len(losses) + 1), smooth, label=name)
+ax.set_xlabel("step")
+ax.set_ylabel("training loss (10-step mean)")
+ax.set_yscale("log")
+ax.legend()
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# With all 1,347 training images the three are within a few points of each other: the CNN reaches 96.9% on the 450
+# test images, the Swin 93.3% and the ViT 92.7%. The CNN is the best of the three, and by far the smallest (9,930
+# parameters against 39,610 and 134,934). The Transformers start with no idea that neighbouring pixels belong
+# together; they have to learn it from the data. (One test image is 0.22 points: differences of a point or so
+# between two runs are noise.)
+#
+# **How much does that cost?** Train again on fewer images: 150 and 400 (seeded subsets; two seeds each, and the
+# mean is reported; the full set is the run above). Smaller sets get fewer steps (80 and 100) since they are
+# learnt by heart sooner. Predict before running: which model will lose the most when the data shrinks?
+
+# %% tags=["nbval-ignore-output"]
+start = time.perf_counter()
+sweep = {name: {N_ALL: [main_accuracy[name]]} for name in MODELS}
+for n_train in (150, 400):
+    for seed in (0, 1):
+        for name in MODELS:
+            model, _ = train_one(name, n_train, seed)
+            sweep[name].setdefault(n_train, []).append(accuracy(model, digits.test_images, digits.test_labels))
+print(f"12 more models trained in {time.perf_counter() - start:.1f} s")
+
+# %%
+sizes = sorted(STEPS)
+print("test accuracy (mean over seeds)".ljust(32) + "".join(f"{n:>8,}" for n in sizes))
+for name in MODELS:
+    print(f"{name:<32}" + "".join(f"{np.mean(sweep[name][n]):>8.1%}" for n in sizes))
+for n in sizes:
+    gap = np.mean(sweep["CNN"][n]) - max(np.mean(sweep["ViT"][n]), np.mean(sweep["Swin"][n]))
+    print(f"CNN ahead of the best Transformer with {n:>5,} images: {gap * 100:+.1f} points")
+
+fig, ax = plt.subplots(figsize=(6, 3.2))
+for name, marker in zip(MODELS, "os^"):
+    ax.plot(sizes, [np.mean(sweep[name][n]) for n in sizes], marker=marker, label=name)
+ax.set_xscale("log")
+ax.minorticks_off()
+ax.set_xticks(sizes, [str(n) for n in sizes])
+ax.set_xlabel("training images")
+ax.set_ylabel("test accuracy")
+ax.set_title("accuracy against training-set size", fontsize=10)
+ax.legend()
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The CNN stays ahead at every size, and its lead shrinks as the data grow: 15.1 points with 150 images, 11.8 with
+# 400, 3.6 with all 1,347. The Transformers pay most for missing data: from about 93% with every image to about
+# 75% with 150 of them, while the CNN only falls from 96.9% to 90.7%. Between the two Transformers, Swin, whose
+# windows and relative positions build locality back in, is slightly ahead of ViT at every size; with two seeds
+# per point, that difference is within the noise.
+#
+# This is the inductive-bias argument in miniature. A convolution knows in advance that nearby pixels matter and
+# that a stroke is a stroke wherever it appears; with 150 examples that knowledge is worth a lot, because the data
+# are too few to discover it. The Transformers must learn the geometry of the image from the examples themselves,
+# and the more examples they get, the smaller the gap. ViT needed hundreds of millions of images to overtake
+# convolutional networks on ImageNet; here, on a toy scale, you can watch the gap close as the data grow.
+
+# %% [markdown]
+# ## Summary
+#
+# * Images are hard for Transformers because they are **long** (a pixel per token makes attention quadratic in
+#   the pixel count: 16.8 million scores per head and layer at 64x64) and because attention has none of the
+#   convolution's **inductive biases**: a convolution is local and translation equivariant, exactly; attention on
+#   pixels without positions ignores where anything is.
+# * **ImageGPT** treats pixels as tokens of a k-means palette (512 colours) and models them like text; it stops at
+#   64x64 images.
+# * **ViT** turns $p \times p$ patches into tokens (`patchify`, equal to a stride-$p$ convolution), prepends
+#   **[CLS]**, adds **learned 1-D positions**, runs a pre-norm encoder and classifies from [CLS]. ViT-B/16 has
+#   86.6M parameters and needs very large pre-training sets to beat CNNs.
+# * **Swin** attends inside $M \times M$ **windows** (cost linear in the image size), **shifts** them by $M/2$
+#   every other block with a cyclic roll and a **mask** that keeps the wrapped-around pieces apart, adds a learned
+#   **relative position bias** from a $(2M-1)^2$ table, and builds a **feature pyramid** by **merging** 2x2
+#   neighbours (4C → LayerNorm → 2C). It pools the last stage instead of using [CLS]. Swin-T has 28.3M parameters.
+# * **DaViT** alternates window attention between patches with attention between channels, a global view whose
+#   cost does not grow with the image.
+# * On 8x8 digits, a small CNN beat the small ViT and Swin at every training-set size, by the most when the data
+#   were fewest.
+#
+# ## What's next
+#
+# This is the last chapter of the course. From static word vectors to shifted windows, every model in it is the
+# same few pieces: attention with a mask, positions, residual connections with LayerNorm, and a feed-forward
+# network. The library `transformer_lib` holds all of them, tested against PyTorch's and Hugging Face's
+# implementations, for your own experiments.
+
+# %% [markdown]
+# ## Where you stand
+#
+# Which of this chapter's exercises pass (the line for an exercise you have not checked yet says so):
+
+# %%
+exercise_summary(check_patchify, check_window_partition, check_window_reverse, check_shifted_window_mask,
+                 check_relative_position_index_2d, check_merge_patches)
+
+# %% [markdown]
+# ## Glossary · 术语表
+#
+# | English | 中文 | Meaning |
+# |---|---|---|
+# | inductive bias | 归纳偏置 | what a model assumes before seeing data (for a convolution: locality, translation equivariance) |
+# | translation equivariance | 平移等变性 | shift the input and the output shifts the same way |
+# | locality | 局部性 | nearby pixels matter most; a small kernel only combines neighbours |
+# | patch | 图块 (patch) | a $p \times p$ square of the image, flattened into one token |
+# | patch embedding | 图块嵌入 | the linear map from a flattened patch to a token (a stride-$p$ convolution) |
+# | class token [CLS] | 分类标记 [CLS] | an extra learned token whose final state the classifier reads |
+# | learned position embedding | 可学习位置编码 | one trained vector per token position, added to the token |
+# | colour palette / quantisation | 调色板 / 颜色量化 | replacing each colour by the nearest of a few (k-means) colours, so pixels become tokens |
+# | window attention | 窗口注意力 | self-attention restricted to the tokens of one $M \times M$ window |
+# | shifted window | 移位窗口 | the window grid displaced by $M/2$ in every other block, so information crosses borders |
+# | cyclic shift | 循环移位 | rolling the map so that what leaves one side comes back on the other (`torch.roll`) |
+# | relative position bias | 相对位置偏置 | a learned score added per head and per query-key offset inside a window |
+# | patch merging | 图块合并 | concatenating 2x2 neighbours, LayerNorm, Linear 4C → 2C: half the resolution, twice the channels |
+# | feature pyramid | 特征金字塔 | maps of falling resolution and rising channel count, as in a CNN |
+# | channel attention | 通道注意力 | attention between channels (DaViT): each channel is a token over all patches |

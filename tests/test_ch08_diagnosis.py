@@ -1,0 +1,252 @@
+"""Chapter 08's checkers diagnose combined mistakes by property, and accept correct answers
+written another way.
+
+tests/test_checkers.py proves that each catalogued mistake is named when it is made alone.
+Learners often make two at once (pairs counted across words *and* without the word counts,
+overlapping merges *and* only the first occurrence, ties by first sight *and* unweighted
+counts), and then no catalogue entry matches: the properties must still name each error
+from a trait of the output."""
+
+from collections import Counter, defaultdict
+
+import matplotlib
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer_lib.checks import ch08
+from transformer_lib.tokenization import encode_word, merge_pair, pair_counts
+
+matplotlib.use("Agg")
+
+
+def _verdict(checker, fn, hidden=True):
+    return checker.judge(checker.collect_outputs(fn, hidden), hidden)
+
+
+# ------------------------------------------------------------------- combined mistakes
+
+
+def oov_percent_of_known_words(vocab, words):
+    return 100 * sum(w in vocab for w in words) / len(words)
+
+
+def oov_known_share_of_distinct_words(vocab, words):
+    return len({w for w in words if w in vocab}) / len(set(words))
+
+
+def pairs_across_words_unweighted(word_counts):
+    sequence = [symbol for word in word_counts for symbol in word]
+    return Counter(zip(sequence, sequence[1:]))
+
+
+def pairs_joined_and_unweighted(word_counts):
+    counts = defaultdict(int)
+    for word in word_counts:
+        for a, b in zip(word, word[1:]):
+            counts[a + b] += 1
+    return dict(counts)
+
+
+def merge_overlapping_and_first_only(symbols, pair):
+    for i in range(len(symbols) - 1):
+        if (symbols[i], symbols[i + 1]) == tuple(pair):
+            return tuple(symbols[:i]) + (pair[0] + pair[1],) + tuple(symbols[i + 1:])  # keeps the second half too
+    return tuple(symbols)
+
+
+def merge_right_to_left_first_only(symbols, pair):
+    for i in range(len(symbols) - 1, 0, -1):
+        if (symbols[i - 1], symbols[i]) == tuple(pair):
+            return tuple(symbols[:i - 1]) + (pair[0] + pair[1],) + tuple(symbols[i + 1:])
+    return tuple(symbols)
+
+
+def train_unweighted_first_seen(word_counts, n_merges):
+    words = {tuple(w): 1 for w in word_counts}
+    merges = []
+    for _ in range(n_merges):
+        pairs = pair_counts(words)
+        if not pairs:
+            break
+        best = max(pairs, key=pairs.get)
+        merges.append(best)
+        words = {merge_pair(w, best): c for w, c in words.items()}
+    return merges
+
+
+def train_across_words_and_one_short(word_counts, n_merges):
+    text = "".join(word * count for word, count in word_counts.items())
+    return ch08.train_bpe_merges({text: 1}, max(n_merges - 1, 0))
+
+
+def train_string_ties_and_never_stopping(word_counts, n_merges):
+    """Ties by strings, and when no pair is left, the last merge repeated to fill n_merges."""
+    merges = ch08._tb_alphabetical(word_counts, n_merges)
+    return merges + merges[-1:] * (n_merges - len(merges)) if merges else merges
+
+
+def encode_reversed_and_first_only(word, merges):
+    symbols = list(word)
+    for a, b in reversed(merges):
+        for i in range(len(symbols) - 1):
+            if symbols[i] == a and symbols[i + 1] == b:
+                symbols[i:i + 2] = [a + b]
+                break
+    return symbols
+
+
+def encode_dropping_a_character(word, merges):
+    return encode_word(word, merges)[:-1] if len(word) > 1 else list(word)
+
+
+def embedding_columns_and_scaled(ids, table):
+    return (table[ids] * table.shape[1] ** 0.5).transpose(-2, -1)
+
+
+def embedding_doubled_float32(ids, table):
+    return 2 * table.float()[ids]
+
+
+@pytest.mark.parametrize("checker,answer,trait", [
+    (ch08.check_oov_rate, oov_percent_of_known_words, "a value above 1"),
+    (ch08.check_oov_rate, oov_known_share_of_distinct_words, "the share of known words"),
+    (ch08.check_pair_counts, pairs_across_words_unweighted, "pairs that occur inside no word"),
+    (ch08.check_pair_counts, pairs_across_words_unweighted, "counts that ignore how often each word occurs"),
+    (ch08.check_pair_counts, pairs_joined_and_unweighted, "keys that are not (a, b) tuples"),
+    (ch08.check_merge_pair, merge_overlapping_and_first_only, "symbols duplicated or lost"),
+    (ch08.check_merge_pair, merge_right_to_left_first_only, "an occurrence of the pair left unmerged"),
+    (ch08.check_train_bpe, train_unweighted_first_seen, "not the most frequent pair at its turn"),
+    (ch08.check_train_bpe, train_across_words_and_one_short, "a merge of a pair that no word holds"),
+    (ch08.check_train_bpe, train_string_ties_and_never_stopping, "ties broken another way"),
+    (ch08.check_encode_word, encode_reversed_and_first_only, "two neighbouring tokens that one of the merges joins"),
+    (ch08.check_encode_word, encode_dropping_a_character, "tokens that do not spell the word"),
+    (ch08.check_embedding_lookup, embedding_columns_and_scaled, "a shape with the right sizes in the wrong order"),
+    (ch08.check_embedding_lookup, embedding_doubled_float32, "multiplied by a constant"),
+], ids=lambda x: getattr(x, "__name__", str(x))[:40])
+def test_combined_mistakes_are_named_by_a_trait(checker, answer, trait):
+    verdict = _verdict(checker, answer)
+    assert not verdict.passed
+    assert verdict.mistake is None or verdict.mistake not in [m.name for m in checker.mistakes], verdict.message
+    assert trait in verdict.message, verdict.message
+
+
+def test_each_trait_of_a_double_mistake_is_named():
+    """Ties by strings diverge at a tie (named as such); repeating the last merge once no pair is
+    left merges a pair no word holds (named too): one message, both errors."""
+    verdict = _verdict(ch08.check_train_bpe, train_string_ties_and_never_stopping)
+    assert "ties broken another way" in verdict.message
+    assert "a merge of a pair that no word holds" in verdict.message
+    assert "not the most frequent" not in verdict.message
+
+
+def test_a_constant_multiple_of_the_rows_is_named():
+    verdict = _verdict(ch08.check_embedding_lookup, lambda ids, table: 0.5 * table[ids])
+    assert "multiplied by a constant" in verdict.message
+
+
+# ------------------------------------------------------------------- correct answers, other ways
+
+
+def oov_with_a_loop(vocab, words):
+    unknown = 0
+    for word in words:
+        if word not in vocab:
+            unknown += 1
+    return float(unknown) / len(words)
+
+
+def pairs_with_defaultdict(word_counts):
+    counts = defaultdict(int)
+    for word, count in word_counts.items():
+        for i in range(len(word) - 1):
+            counts[word[i], word[i + 1]] += count
+    return dict(counts)
+
+
+def merge_with_a_for_loop(symbols, pair):
+    out, skip = [], False
+    for i, symbol in enumerate(symbols):
+        if skip:
+            skip = False
+            continue
+        if i + 1 < len(symbols) and (symbol, symbols[i + 1]) == tuple(pair):
+            out.append(symbol + symbols[i + 1])
+            skip = True
+        else:
+            out.append(symbol)
+    return tuple(out)
+
+
+def train_with_lists_and_sorting(word_counts, n_merges):
+    """Merges returned as lists, the best pair found by sorting, ids kept in a list."""
+    words = [[list(word), count] for word, count in word_counts.items()]
+    order = sorted({ch for word in word_counts for ch in word})
+    merges = []
+    while len(merges) < n_merges:
+        pairs = Counter()
+        for symbols, count in words:
+            for pair in zip(symbols, symbols[1:]):
+                pairs[pair] += count
+        if not pairs:
+            break
+        best = sorted(pairs, key=lambda p: (-pairs[p], order.index(p[0]), order.index(p[1])))[0]
+        merges.append(list(best))
+        if best[0] + best[1] not in order:
+            order.append(best[0] + best[1])
+        for entry in words:
+            entry[0] = list(merge_pair(tuple(entry[0]), best))
+    return merges
+
+
+def encode_by_ranks(word, merges):
+    return encode_word(word, {tuple(p): i for i, p in enumerate(merges)})
+
+
+def embedding_by_indexing(ids, table):
+    return table[ids]
+
+
+def embedding_by_einsum(ids, table):
+    return torch.einsum("...v,vd->...d", F.one_hot(ids, table.shape[0]).to(table.dtype), table)
+
+
+@pytest.mark.parametrize("checker,answer", [
+    (ch08.check_oov_rate, oov_with_a_loop),
+    (ch08.check_pair_counts, pairs_with_defaultdict),
+    (ch08.check_merge_pair, merge_with_a_for_loop),
+    (ch08.check_train_bpe, train_with_lists_and_sorting),
+    (ch08.check_encode_word, encode_by_ranks),
+    (ch08.check_embedding_lookup, embedding_by_indexing),
+    (ch08.check_embedding_lookup, embedding_by_einsum),
+], ids=lambda x: getattr(x, "__name__", str(x)))
+def test_correct_answers_written_another_way_pass(checker, answer):
+    verdict = _verdict(checker, answer)
+    assert verdict.passed, verdict.message
+
+
+def test_a_list_from_merge_pair_is_refused_with_a_reason():
+    verdict = _verdict(ch08.check_merge_pair, lambda symbols, pair: list(merge_pair(symbols, pair)))
+    assert not verdict.passed and "tuple(merged)" in verdict.message
+
+
+def test_the_train_bpe_reference_has_the_exercise_signature():
+    assert ch08.train_bpe_merges({"low": 5, "lower": 2, "newest": 6, "widest": 3}, 4) == [
+        ("e", "s"), ("es", "t"), ("l", "o"), ("lo", "w")]
+
+
+# ------------------------------------------------------------------- the chapter's diagrams
+
+
+def test_the_diagrams_draw():
+    from transformer_lib.diagrams.ch08 import draw_bpe_merge_step, draw_text_to_vectors
+
+    fig = draw_bpe_merge_step(step=1)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert any("merging into 'est'" in t for t in texts)  # merge 2 of the classic table is (es, t)
+    fig = draw_text_to_vectors(" lowest newer", [" low", "est", " new", "er"], [7, 5, 8, 2])
+    assert fig.axes
+    with pytest.raises(ValueError, match="no merge number"):
+        draw_bpe_merge_step({"ab": 1}, step=3)
+    with pytest.raises(ValueError, match="as many ids as tokens"):
+        draw_text_to_vectors("ab", ["a", "b"], [1])

@@ -1,0 +1,1147 @@
+"""Checkers for chapter 09, BERT: the pair input [CLS] A [SEP] B [SEP] with segment ids and
+padding, the sum of token, segment and position embeddings, the masked-language-model
+corruption (15% of the non-special tokens; 80% [MASK], 10% random, 10% unchanged), the MLM
+loss over the selected positions only, the sentence classifier on [CLS], and the best answer
+span for extractive question answering.
+
+References are the library's (transformer_lib.bert). Each checker knows the wrong answers
+learners often write (a [SEP] lost to truncation, positions looked up by token id, special
+tokens masked, the loss averaged over every position, an answer that ends before it starts...),
+and properties name an error from a trait of the output ("labels that are not -100 on
+unselected positions", "a span outside the passage"), so two mistakes made at once are still
+diagnosed in the learner's terms.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from transformer_lib.bert import (IGNORE_INDEX, BertPooler, best_span, build_pair_inputs, classify_from_cls,
+                                  embedding_sum, mask_tokens, mlm_loss)
+
+from . import properties
+from .core import Case, Checker, Mistake, Property, randn, seeded
+
+
+def _tensor(x):
+    return isinstance(x, torch.Tensor)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 1: build_pair_inputs(tokens_a, tokens_b, max_len, cls_id, sep_id, pad_id)
+#             -> (ids, segment_ids, padding_mask), each [max_len]
+# ---------------------------------------------------------------------------------------
+
+
+def _pair_cases() -> list[Case]:
+    return [
+        Case("both sentences fit, then padding", ([11, 12, 13], [21, 22], 10, 1, 2, 0)),
+        Case("sentence A too long", (list(range(30, 40)), [50, 51], 10, 1, 2, 0)),
+        Case("one sentence (tokens_b=None)", ([7, 8, 9], None, 7, 1, 2, 0)),
+        Case("BERT's own ids ([CLS] 101, [SEP] 102, [PAD] 0), both too long",
+             (list(range(2000, 2008)), list(range(3000, 3007)), 12, 101, 102, 0)),
+        Case("sentence B too long", ([5, 6], list(range(20, 32)), 11, 1, 2, 0), hidden=True),
+        Case("both too long, equal lengths (B loses the tie)", (list(range(40, 46)), list(range(60, 66)), 10, 1, 2, 0),
+             hidden=True),
+        Case("an exact fit, no padding", ([4, 5, 6], [7, 8, 9, 10], 10, 1, 2, 0), hidden=True),
+        Case("one sentence, truncated", (list(range(10, 22)), None, 8, 1, 2, 0), hidden=True),
+        Case("pad id 3, empty sentence A", ([], [44, 45, 46], 9, 1, 2, 3), hidden=True),
+    ]
+
+
+def _assemble(a, b, max_len, cls_id, sep_id, pad_id, seg_of_first_sep=0, pad_segment=0, pad_true=False):
+    """[CLS] a [SEP] (b [SEP]), padded to max_len; the knobs reproduce common slips."""
+    ids = [cls_id, *a, sep_id]
+    segments = [0] * (len(a) + 1) + [seg_of_first_sep]
+    if b is not None:
+        ids += [*b, sep_id]
+        segments += [1] * (len(b) + 1)
+    n = len(ids)
+    ids += [pad_id] * (max_len - n)
+    segments += [pad_segment] * (max_len - n)
+    padding = [not pad_true] * n + [pad_true] * (max_len - n)
+    return torch.tensor(ids), torch.tensor(segments), torch.tensor(padding)
+
+
+def _longest_first(a, b, budget, from_front=False):
+    a, b = list(a), list(b)
+    while len(a) + len(b) > budget:
+        longer = a if len(a) > len(b) else b
+        longer.pop(0 if from_front else -1)
+    return a, b
+
+
+def _fit(a, b, max_len, from_front=False):
+    if b is None:
+        return (list(a)[len(a) - (max_len - 2):] if from_front and len(a) > max_len - 2 else list(a)[:max_len - 2]), None
+    return _longest_first(a, b, max_len - 3, from_front)
+
+
+def _pair_cut_after_assembly(a, b, max_len, cls_id, sep_id, pad_id):
+    n = len(a) + 2 + (0 if b is None else len(b) + 1)
+    ids, segments, padding = _assemble(a, b, max(n, max_len), cls_id, sep_id, pad_id)
+    return ids[:max_len], segments[:max_len], padding[:max_len]
+
+
+def _pair_first_sep_in_b(a, b, max_len, cls_id, sep_id, pad_id):
+    a, b = _fit(a, b, max_len)
+    return _assemble(a, b, max_len, cls_id, sep_id, pad_id, seg_of_first_sep=0 if b is None else 1)
+
+
+def _pair_mask_inverted(a, b, max_len, cls_id, sep_id, pad_id):
+    a, b = _fit(a, b, max_len)
+    return _assemble(a, b, max_len, cls_id, sep_id, pad_id, pad_true=True)
+
+
+def _pair_only_b_cut(a, b, max_len, cls_id, sep_id, pad_id):
+    if b is None:
+        return _assemble(list(a)[:max_len - 2], None, max_len, cls_id, sep_id, pad_id)
+    a, b = list(a), list(b)
+    while len(a) + len(b) > max_len - 3:
+        (b if b else a).pop()
+    return _assemble(a, b, max_len, cls_id, sep_id, pad_id)
+
+
+def _pair_cut_from_front(a, b, max_len, cls_id, sep_id, pad_id):
+    a, b = _fit(a, b, max_len, from_front=True)
+    return _assemble(a, b, max_len, cls_id, sep_id, pad_id)
+
+
+def _pair_pad_segment_one(a, b, max_len, cls_id, sep_id, pad_id):
+    a, b = _fit(a, b, max_len)
+    return _assemble(a, b, max_len, cls_id, sep_id, pad_id, pad_segment=0 if b is None else 1)
+
+
+def _seps(case, actual):
+    ids = actual[0] if isinstance(actual, (tuple, list)) and actual and _tensor(actual[0]) else None
+    if ids is None:
+        return None
+    return int((ids == case.args[4]).sum())
+
+
+def _sep_missing(case, expected, actual):
+    n = _seps(case, actual)
+    return n is not None and n < int((expected[0] == case.args[4]).sum())
+
+
+def _wrong_length(case, expected, actual):
+    if not (isinstance(actual, (tuple, list)) and actual):
+        return False
+    return any(_tensor(t) and t.dim() == 1 and t.shape[0] != case.args[2] for t in actual)
+
+
+def _kept(ids, cls_id, sep_id):
+    """The tokens kept of each sentence, read from an ids tensor: (a, b or None)."""
+    ids = ids.tolist()
+    if not ids or ids[0] != cls_id or sep_id not in ids:
+        return None
+    first = ids.index(sep_id)
+    a = ids[1:first]
+    rest = ids[first + 1:]
+    b = rest[:rest.index(sep_id)] if sep_id in rest else None
+    return a, b
+
+
+def _cut_at_the_front(case, expected, actual):
+    if not (isinstance(actual, (tuple, list)) and actual and _tensor(actual[0])):
+        return False
+    tokens_a, tokens_b, _, cls_id, sep_id, _ = case.args
+    kept = _kept(actual[0], cls_id, sep_id)
+    if kept is None:
+        return False
+    for original, got in ((tokens_a, kept[0]), (tokens_b, kept[1])):
+        if original is not None and got is not None and 0 < len(got) < len(original):
+            if got != list(original)[:len(got)] and got == list(original)[len(original) - len(got):]:
+                return True
+    return False
+
+
+SEP_MISSING = Property(
+    "an input with a [SEP] missing: truncation cut a separator",
+    "Truncate the sentences *before* adding the special tokens, to max_len - 3 tokens for a pair (max_len - 2 "
+    "for one sentence), so that [CLS] and every [SEP] always stay.",
+    _sep_missing,
+)
+WRONG_LENGTH = Property(
+    "an output that is not exactly max_len long",
+    "Every output has max_len entries: truncate the sentences to fit, then pad ids with pad_id, segments with 0 "
+    "and the mask with False up to max_len.",
+    _wrong_length,
+)
+CUT_AT_THE_FRONT = Property(
+    "a truncated sentence that lost its first tokens instead of its last",
+    "Remove tokens from the end of the longer sentence (list.pop()), one at a time.",
+    _cut_at_the_front,
+)
+
+check_build_pair_inputs = Checker(
+    name="build_pair_inputs",
+    reference=build_pair_inputs,
+    make_cases=_pair_cases,
+    mistakes=[
+        Mistake(
+            "truncation after assembling: the whole input cut at max_len, which drops the final [SEP] "
+            "(and the sentence B it closes)",
+            "Truncate the sentences first (longest first, to max_len - 3 tokens together), then add [CLS] and "
+            "the two [SEP]s: the separators must survive.",
+            _pair_cut_after_assembly,
+        ),
+        Mistake(
+            "the [SEP] after sentence A given segment 1",
+            "A's [SEP] belongs to A: segment 0 for [CLS], A and its [SEP]; segment 1 for B and the final [SEP].",
+            _pair_first_sep_in_b,
+        ),
+        Mistake(
+            "padding mask inverted: True on the padding",
+            "The mask says which positions are real tokens: True for [CLS], the sentences and the [SEP]s, "
+            "False for padding.",
+            _pair_mask_inverted,
+        ),
+        Mistake(
+            "only sentence B truncated (A kept whole while B still has tokens)",
+            "Truncate longest first: while the pair is too long, remove the last token of the longer sentence "
+            "(of B on a tie).",
+            _pair_only_b_cut,
+        ),
+        Mistake(
+            "tokens removed from the start of the longer sentence",
+            "Remove tokens from the end: the start of a sentence usually matters most (list.pop(), not pop(0)).",
+            _pair_cut_from_front,
+        ),
+        Mistake(
+            "segment 1 continued over the padding",
+            "Padding positions get segment 0 (their value never matters, but it is fixed): pad segment_ids "
+            "with zeros.",
+            _pair_pad_segment_one,
+        ),
+    ],
+    properties=[
+        SEP_MISSING,
+        WRONG_LENGTH,
+        properties.mask_inverted(
+            "The padding mask is True on real tokens ([CLS], words, [SEP]) and False on padding.",
+            select=lambda out: out[2]),
+        CUT_AT_THE_FRONT,
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 2: embedding_sum(ids, segment_ids, token_table, segment_table, position_table)
+#             -> [batch, seq, d_model]
+# ---------------------------------------------------------------------------------------
+
+
+def _embedding_case(name, seed, batch, seq, vocab, d, max_len, dtype=torch.float32, hidden=False,
+                    single=False):
+    g = seeded(seed)
+    ids = torch.randint(0, vocab, (batch, seq), generator=g)
+    segments = torch.zeros(batch, seq, dtype=torch.long)
+    if not single:
+        for b in range(batch):  # sentence B from a random point on: [0 ... 0 1 ... 1]
+            segments[b, int(torch.randint(1, seq, (1,), generator=g)) if seq > 1 else 0:] = 1
+    if batch >= 3 and seq >= 4:
+        ids[1] = ids[0]  # the same tokens in another segment layout: only the segments differ
+        segments[1] = 1 - segments[0]
+        segments[1, 0] = 0
+        ids[2, seq - 1] = ids[2, seq - 2]  # one token twice, side by side, in one segment
+        segments[2, seq - 2] = segments[2, seq - 1]
+    tables = (randn(g, vocab, d, dtype=dtype), randn(g, 2, d, dtype=dtype), randn(g, max_len, d, dtype=dtype))
+    return Case(name, (ids, segments, *tables), hidden=hidden)
+
+
+def _embedding_cases() -> list[Case]:
+    return [
+        _embedding_case("4 pairs, 7 positions, d_model 8", 901, 4, 7, 20, 8, 24),
+        _embedding_case("2 single sentences (all segment 0)", 902, 2, 5, 9, 6, 10, single=True),
+        _embedding_case("float64 tables", 903, 3, 6, 11, 4, 12, dtype=torch.float64, hidden=True),
+        _embedding_case("sequence as long as the position table", 904, 3, 9, 9, 5, 9, hidden=True),
+        _embedding_case("one token", 905, 1, 1, 5, 3, 6, hidden=True),
+        _embedding_case("3 pairs, 16 positions, d_model 32", 906, 3, 16, 16, 32, 20, hidden=True),
+    ]
+
+
+def _emb_no_segments(ids, segment_ids, token_table, segment_table, position_table):
+    return token_table[ids] + position_table[:ids.shape[1]]
+
+
+def _emb_positions_by_id(ids, segment_ids, token_table, segment_table, position_table):
+    return token_table[ids] + segment_table[segment_ids] + position_table[ids]
+
+
+def _emb_scaled(ids, segment_ids, token_table, segment_table, position_table):
+    d = token_table.shape[-1]
+    return token_table[ids] * math.sqrt(d) + segment_table[segment_ids] + position_table[:ids.shape[1]]
+
+
+def _emb_positions_per_sentence(ids, segment_ids, token_table, segment_table, position_table):
+    seq = ids.shape[1]
+    positions = torch.arange(seq).expand_as(ids).clone()  # [batch, seq]
+    for b in range(ids.shape[0]):
+        in_b = (segment_ids[b] == 1).nonzero()
+        if len(in_b):
+            start = int(in_b[0])
+            positions[b, start:] -= start  # sentence B numbered from 0 again
+    return token_table[ids] + segment_table[segment_ids] + position_table[positions]
+
+
+def _emb_concatenated(ids, segment_ids, token_table, segment_table, position_table):
+    positions = position_table[:ids.shape[1]].expand(ids.shape[0], -1, -1)
+    return torch.cat([token_table[ids], segment_table[segment_ids], positions], dim=-1)
+
+
+def _rows_equal(a, i, j):
+    return torch.allclose(a[i].double(), a[j].double(), rtol=1e-5, atol=1e-6)
+
+
+def _segments_ignored(case, expected, actual):
+    ids, segments = case.args[0], case.args[1]
+    if not (_tensor(actual) and actual.shape == expected.shape):
+        return False
+    for i in range(ids.shape[0]):
+        for j in range(i + 1, ids.shape[0]):
+            if torch.equal(ids[i], ids[j]) and not torch.equal(segments[i], segments[j]):
+                if not _rows_equal(expected, i, j) and _rows_equal(actual, i, j):
+                    return True
+    return False
+
+
+def _same_vector_at_two_positions(case, expected, actual):
+    ids, segments = case.args[0], case.args[1]
+    if not (_tensor(actual) and actual.shape == expected.shape):
+        return False
+    for b in range(ids.shape[0]):
+        for t in range(ids.shape[1] - 1):
+            for u in range(t + 1, ids.shape[1]):
+                if ids[b, t] == ids[b, u] and segments[b, t] == segments[b, u]:
+                    e_same = torch.allclose(expected[b, t].double(), expected[b, u].double())
+                    a_same = torch.allclose(actual[b, t].double(), actual[b, u].double(), rtol=1e-5, atol=1e-6)
+                    if a_same and not e_same:
+                        return True
+    return False
+
+
+def _three_times_wider(case, expected, actual):
+    return _tensor(actual) and actual.dim() == 3 and actual.shape[-1] == 3 * expected.shape[-1]
+
+
+SEGMENTS_IGNORED = Property(
+    "the same vectors whatever the segment ids (two inputs that differ only in their segments come out equal)",
+    "Add segment_table[segment_ids]: it is how the model tells sentence A (0) from sentence B (1).",
+    _segments_ignored,
+)
+SAME_VECTOR_AT_TWO_POSITIONS = Property(
+    "one token at two positions getting the same vector: no position was added, or it was looked up by the "
+    "token id",
+    "Add position_table[t] at position t = 0, 1, ..., seq - 1 (the first seq rows), the same for every sentence "
+    "of the batch.",
+    _same_vector_at_two_positions,
+)
+THREE_TIMES_WIDER = Property(
+    "vectors three times too wide: the three embeddings were concatenated",
+    "Add the three [batch, seq, d_model] tensors; BERT sums its embeddings (concatenating would change d_model).",
+    _three_times_wider,
+)
+
+check_embedding_sum = Checker(
+    name="embedding_sum",
+    reference=embedding_sum,
+    make_cases=_embedding_cases,
+    mistakes=[
+        Mistake(
+            "the segment embedding left out",
+            "Add segment_table[segment_ids] too: token + segment + position.",
+            _emb_no_segments,
+        ),
+        Mistake(
+            "positions looked up by the token ids (position_table[ids])",
+            "The position is where the token stands, not what it is: add position_table[:seq], one row per "
+            "position 0..seq-1 (broadcast over the batch).",
+            _emb_positions_by_id,
+        ),
+        Mistake(
+            "token embeddings multiplied by sqrt(d_model), as in the original Transformer",
+            "BERT does not scale its embeddings: add the three lookups as they are (a LayerNorm follows the sum).",
+            _emb_scaled,
+        ),
+        Mistake(
+            "positions restarting at 0 in sentence B",
+            "Positions run through the whole input: [CLS] is 0 and sentence B carries on where A ends; the "
+            "segment embedding is what tells the sentences apart.",
+            _emb_positions_per_sentence,
+        ),
+        Mistake(
+            "the three embeddings concatenated instead of summed",
+            "Sum them: token_table[ids] + segment_table[segment_ids] + position_table[:seq] keeps d_model.",
+            _emb_concatenated,
+        ),
+    ],
+    properties=[SEGMENTS_IGNORED, SAME_VECTOR_AT_TWO_POSITIONS, THREE_TIMES_WIDER],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 3: mask_tokens(ids, special_mask, mask_id, vocab_size, generator, p=0.15)
+#             -> (inputs, labels)
+# ---------------------------------------------------------------------------------------
+
+
+def _bert_batch(seed, batch, seq, vocab, cls_id, sep_id, pad_id, first_word):
+    """[CLS] A [SEP] B [SEP] [PAD]... rows of random words (ids first_word..vocab-1 that are not special)."""
+    g = seeded(seed)
+    words = [i for i in range(first_word, vocab) if i not in (cls_id, sep_id, pad_id)]
+    ids = torch.full((batch, seq), pad_id, dtype=torch.long)
+    for b in range(batch):
+        n = int(torch.randint(seq // 2, seq + 1, (1,), generator=g))
+        row = [words[int(i)] for i in torch.randint(len(words), (n,), generator=g)]
+        row[0], row[-1] = cls_id, sep_id
+        if n > 4:
+            row[int(torch.randint(2, n - 2, (1,), generator=g))] = sep_id
+        ids[b, :n] = torch.tensor(row)
+    return ids, torch.isin(ids, torch.tensor([cls_id, sep_id, pad_id]))
+
+
+def _mask_case(name, seed, batch, seq, vocab, mask_id=3, specials=(1, 2, 0), first_word=4, p=0.15, hidden=False):
+    ids, special = _bert_batch(seed, batch, seq, vocab, *specials, first_word)
+    return Case(name, (ids, special, mask_id, vocab), {"seed": seed + 1, "p": p}, hidden=hidden)
+
+
+def _mask_cases() -> list[Case]:
+    plain = torch.randint(4, 30, (4, 20), generator=seeded(930))
+    return [
+        _mask_case("8 BERT inputs ([CLS] 1, [SEP] 2, [PAD] 0, [MASK] 3), vocabulary 60", 910, 8, 40, 60),
+        _mask_case("p = 0.3", 912, 6, 32, 50, p=0.3),
+        Case("no special tokens at all", (plain, torch.zeros_like(plain, dtype=torch.bool), 3, 30),
+             {"seed": 931, "p": 0.15}),
+        _mask_case("16 inputs of 64 tokens, vocabulary 100", 914, 16, 64, 100, hidden=True),
+        _mask_case("special ids at the top of the vocabulary ([MASK] 96, [CLS] 97, [SEP] 98, [PAD] 99)", 916, 10, 30,
+                   100, mask_id=96, specials=(97, 98, 99), first_word=0, hidden=True),
+        _mask_case("one input of 12 tokens", 918, 1, 12, 40, hidden=True),
+        _mask_case("p = 0.5", 920, 12, 48, 80, p=0.5, hidden=True),
+    ]
+
+
+def _invoke_mask(fn, case: Case):
+    generator = torch.Generator().manual_seed(case.kwargs["seed"])
+    return fn(*case.args, generator, p=case.kwargs["p"])
+
+
+def _corrupt(ids, special_mask, mask_id, vocab_size, generator, p, *, exclude_special=True, always_mask=False,
+             whole_vocab=False, labels_everywhere=False, labels_from_inputs=False, labels_inverted=False):
+    """mask_tokens with knobs that reproduce common slips, drawing the same random numbers in the same order."""
+    selected = torch.rand(ids.shape, generator=generator) < p
+    if exclude_special:
+        selected &= ~special_mask
+    action = torch.rand(ids.shape, generator=generator)
+    to_mask = selected & ((action < 0.8) | always_mask)
+    to_random = selected & (action >= 0.8) & (action < 0.9) & (not always_mask)
+    allowed = torch.ones(vocab_size, dtype=torch.bool)
+    allowed[ids[special_mask]] = False
+    allowed[mask_id] = False
+    candidates = allowed.nonzero().squeeze(-1)
+    if whole_vocab:
+        random_ids = torch.randint(vocab_size, ids.shape, generator=generator)
+    else:
+        random_ids = candidates[torch.randint(len(candidates), ids.shape, generator=generator)]
+    inputs = torch.where(to_mask, torch.full_like(ids, mask_id), ids)
+    inputs = torch.where(to_random, random_ids, inputs)
+    if labels_everywhere:
+        labels = ids.clone()
+    elif labels_from_inputs:
+        labels = inputs.masked_fill(~selected, IGNORE_INDEX)
+    elif labels_inverted:
+        labels = ids.masked_fill(selected, IGNORE_INDEX)
+    else:
+        labels = ids.masked_fill(~selected, IGNORE_INDEX)
+    return inputs, labels
+
+
+def _mt_specials_selected(ids, special_mask, mask_id, vocab_size, generator, p=0.15):
+    return _corrupt(ids, special_mask, mask_id, vocab_size, generator, p, exclude_special=False)
+
+
+def _mt_always_mask(ids, special_mask, mask_id, vocab_size, generator, p=0.15):
+    return _corrupt(ids, special_mask, mask_id, vocab_size, generator, p, always_mask=True)
+
+
+def _mt_labels_everywhere(ids, special_mask, mask_id, vocab_size, generator, p=0.15):
+    return _corrupt(ids, special_mask, mask_id, vocab_size, generator, p, labels_everywhere=True)
+
+
+def _mt_whole_vocab(ids, special_mask, mask_id, vocab_size, generator, p=0.15):
+    return _corrupt(ids, special_mask, mask_id, vocab_size, generator, p, whole_vocab=True)
+
+
+def _mt_labels_from_inputs(ids, special_mask, mask_id, vocab_size, generator, p=0.15):
+    return _corrupt(ids, special_mask, mask_id, vocab_size, generator, p, labels_from_inputs=True)
+
+
+def _mt_labels_inverted(ids, special_mask, mask_id, vocab_size, generator, p=0.15):
+    return _corrupt(ids, special_mask, mask_id, vocab_size, generator, p, labels_inverted=True)
+
+
+def _pair_out(actual):
+    """(inputs, labels) of a learner's output, or None when it is not two integer tensors of one shape."""
+    if not (isinstance(actual, (tuple, list)) and len(actual) == 2 and all(_tensor(t) for t in actual)):
+        return None
+    inputs, labels = actual
+    if inputs.shape != labels.shape or inputs.is_floating_point() or labels.is_floating_point():
+        return None
+    return inputs, labels
+
+
+def _mt_special_touched(case, expected, actual):
+    out = _pair_out(actual)
+    ids, special = case.args[0], case.args[1]
+    if out is None or out[0].shape != ids.shape:
+        return False
+    inputs, labels = out
+    return bool(((labels != IGNORE_INDEX) & special).any() or (inputs != ids)[special].any())
+
+
+def _mt_labels_on_unselected(case, expected, actual):
+    out = _pair_out(actual)
+    ids, special = case.args[0], case.args[1]
+    if out is None or out[0].shape != ids.shape:
+        return False
+    unselected = (expected[1] == IGNORE_INDEX) & ~special  # the reference's -100 on ordinary tokens
+    if not unselected.any():
+        return False
+    return bool((out[1][unselected] != IGNORE_INDEX).float().mean() > 0.5)
+
+
+def _mt_fraction_far(case, expected, actual):
+    out = _pair_out(actual)
+    ids, special = case.args[0], case.args[1]
+    if out is None or out[0].shape != ids.shape:
+        return False
+    n = int((~special).sum())
+    if n < 200:  # too few tokens to judge a share
+        return False
+    share = float(((out[1] != IGNORE_INDEX) & ~special).sum()) / n
+    return abs(share - case.kwargs["p"]) > 0.1
+
+
+def _mt_all_mask(case, expected, actual):
+    out = _pair_out(actual)
+    ids, special, mask_id = case.args[0], case.args[1], case.args[2]
+    if out is None or out[0].shape != ids.shape:
+        return False
+    chosen = (out[1] != IGNORE_INDEX) & ~special
+    if int(chosen.sum()) < 30:
+        return False
+    return float((out[0][chosen] == mask_id).float().mean()) > 0.97
+
+
+def _mt_unlabelled_changed(case, expected, actual):
+    out = _pair_out(actual)
+    ids, special = case.args[0], case.args[1]
+    if out is None or out[0].shape != ids.shape:
+        return False
+    return bool(((out[0] != ids) & (out[1] == IGNORE_INDEX) & ~special).any())
+
+
+def _mt_random_special(case, expected, actual):
+    out = _pair_out(actual)
+    ids, special = case.args[0], case.args[1]
+    if out is None or out[0].shape != ids.shape:
+        return False
+    special_ids = ids[special].unique()
+    if not len(special_ids):
+        return False
+    return bool((torch.isin(out[0], special_ids) & ~special).any())
+
+
+MT_SPECIAL_TOUCHED = Property(
+    "special tokens ([CLS], [SEP], [PAD]) selected or changed",
+    "Select only ordinary tokens: selected = (torch.rand(...) < p) & ~special_mask.",
+    _mt_special_touched,
+)
+MT_LABELS_ON_UNSELECTED = Property(
+    "labels that are not -100 on unselected positions",
+    "labels holds the original id only where a token was selected and -100 everywhere else "
+    "(ids.masked_fill(~selected, -100)), so that the loss skips the other positions.",
+    _mt_labels_on_unselected,
+)
+MT_FRACTION_FAR = Property(
+    "a selected fraction far from p (the share of ordinary tokens with a label is not about 15%)",
+    "Each ordinary token is selected with probability p: torch.rand(ids.shape, generator=generator) < p.",
+    _mt_fraction_far,
+)
+MT_ALL_MASK = Property(
+    "every selected token replaced by [MASK]: the 10% random and 10% unchanged are missing",
+    "Draw a second uniform number per token: below 0.8 -> [MASK], from 0.8 to 0.9 -> a random token, "
+    "from 0.9 on -> unchanged.",
+    _mt_all_mask,
+)
+MT_UNLABELLED_CHANGED = Property(
+    "inputs changed at positions that carry no label",
+    "Only selected tokens may change, and every selected token has its original id as label.",
+    _mt_unlabelled_changed,
+)
+MT_RANDOM_SPECIAL = Property(
+    "a random replacement that is a special token",
+    "Draw random tokens among the ordinary ids only: candidates excludes mask_id and the ids found at special "
+    "positions (ids[special_mask]).",
+    _mt_random_special,
+)
+
+check_mask_tokens = Checker(
+    name="mask_tokens",
+    reference=mask_tokens,
+    make_cases=_mask_cases,
+    invoke=_invoke_mask,
+    mistakes=[
+        Mistake(
+            "special tokens can be selected: [CLS], [SEP] and [PAD] get masked and predicted",
+            "Exclude them: selected = (torch.rand(ids.shape, generator=generator) < p) & ~special_mask.",
+            _mt_specials_selected,
+        ),
+        Mistake(
+            "every selected token replaced by [MASK] (the 80/10/10 rule left out)",
+            "Of the selected tokens, 80% become [MASK], 10% a random token and 10% stay as they are: "
+            "use the second uniform draw, action < 0.8 and 0.8 <= action < 0.9.",
+            _mt_always_mask,
+        ),
+        Mistake(
+            "labels kept at every position (no -100 on the unselected ones): the loss would count every token",
+            "labels = ids.masked_fill(~selected, -100): only the selected positions are predicted.",
+            _mt_labels_everywhere,
+        ),
+        Mistake(
+            "random replacements drawn from the whole vocabulary, special ids included",
+            "Draw among the allowed ids only: candidates[torch.randint(len(candidates), ids.shape, "
+            "generator=generator)], where candidates leaves out mask_id and the ids at special positions.",
+            _mt_whole_vocab,
+        ),
+        Mistake(
+            "labels taken from the corrupted inputs instead of the original ids",
+            "The model must recover the original token: labels come from ids, not from the inputs after "
+            "[MASK] and random replacement.",
+            _mt_labels_from_inputs,
+        ),
+        Mistake(
+            "labels inverted: -100 on the selected positions and the ids everywhere else",
+            "labels = ids.masked_fill(~selected, -100): keep the id where selected is True.",
+            _mt_labels_inverted,
+        ),
+    ],
+    properties=[MT_SPECIAL_TOUCHED, MT_LABELS_ON_UNSELECTED, MT_FRACTION_FAR, MT_ALL_MASK, MT_UNLABELLED_CHANGED,
+                MT_RANDOM_SPECIAL],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 4: mlm_loss(logits, labels) -> scalar, the mean over the selected positions
+# ---------------------------------------------------------------------------------------
+
+
+def _loss_case(name, seed, batch, seq, vocab, per_row, dtype=torch.float32, huge=False, hidden=False):
+    """logits [batch, seq, vocab]; labels with per_row[b] selected positions in row b, -100 elsewhere."""
+    g = seeded(seed)
+    logits = randn(g, batch, seq, vocab, dtype=dtype, scale=2.0)
+    labels = torch.full((batch, seq), IGNORE_INDEX, dtype=torch.long)
+    for b, k in enumerate(per_row):
+        where = torch.randperm(seq, generator=g)[:k]
+        labels[b, where] = torch.randint(0, vocab, (k,), generator=g)
+    if huge:  # unselected positions hold enormous logits: harmless unless they are counted
+        logits = torch.where((labels == IGNORE_INDEX)[..., None], logits * 1e4, logits)
+    return Case(name, (logits, labels), hidden=hidden)
+
+
+def _loss_cases() -> list[Case]:
+    return [
+        _loss_case("2 sentences, 6 positions, vocabulary 11", 940, 2, 6, 11, [2, 2]),
+        _loss_case("3 sentences with 1, 3 and 5 selected tokens", 941, 3, 8, 20, [1, 3, 5]),
+        _loss_case("huge logits at the unselected positions", 942, 2, 5, 7, [1, 2], huge=True),
+        _loss_case("float64, 4 sentences", 943, 4, 10, 30, [2, 1, 4, 3], dtype=torch.float64, hidden=True),
+        _loss_case("one selected token in the batch", 944, 2, 9, 13, [1, 0], hidden=True),
+        _loss_case("huge logits, 3 sentences", 945, 3, 7, 9, [3, 1, 2], huge=True, hidden=True),
+        _loss_case("every position selected", 946, 2, 4, 6, [4, 4], hidden=True),
+    ]
+
+
+def _flat(logits, labels):
+    return logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+
+
+def _ml_divided_by_all(logits, labels):
+    x, y = _flat(logits, labels)
+    return F.cross_entropy(x, y, ignore_index=IGNORE_INDEX, reduction="none").mean()
+
+
+def _ml_summed(logits, labels):
+    return F.cross_entropy(*_flat(logits, labels), ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def _ml_counted_as_zero(logits, labels):
+    x, y = _flat(logits, labels)
+    return F.cross_entropy(x, y.clamp(min=0))
+
+
+def _ml_no_log_softmax(logits, labels):
+    return F.nll_loss(*_flat(logits, labels), ignore_index=IGNORE_INDEX)
+
+
+def _ml_mean_of_sentences(logits, labels):
+    ce = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none")  # [b, s]
+    counts = (labels != IGNORE_INDEX).sum(dim=1)
+    return (ce.sum(dim=1) / counts).mean()
+
+
+def _scalar(actual):
+    if _tensor(actual) and actual.numel() == 1 and actual.is_floating_point():
+        return float(actual)
+    if isinstance(actual, float):
+        return actual
+    return None
+
+
+def _ml_negative(case, expected, actual):
+    a = _scalar(actual)
+    return a is not None and a < 0 <= float(expected)
+
+
+def _ml_not_scalar(case, expected, actual):
+    return _tensor(actual) and actual.numel() > 1
+
+
+def _ml_counts_unselected(case, expected, actual):
+    a = _scalar(actual)
+    return a is not None and "huge" in case.name and abs(a) > 100 * (abs(float(expected)) + 1)
+
+
+def _ml_ratio(case, expected, actual, ratio_of):
+    a = _scalar(actual)
+    labels = case.args[1]
+    n_sel, n_all = int((labels != IGNORE_INDEX).sum()), labels.numel()
+    ratio = ratio_of(n_sel, n_all)
+    e = float(expected)
+    return a is not None and ratio != 1 and e != 0 and math.isclose(a, e * ratio, rel_tol=1e-4)
+
+
+ML_NEGATIVE = Property(
+    "a negative loss: cross-entropy is -log p >= 0, so the scores were not turned into log-probabilities",
+    "Use F.cross_entropy on the logits (it applies log_softmax itself), not F.nll_loss on raw scores.",
+    _ml_negative,
+)
+ML_NOT_SCALAR = Property(
+    "a loss per position instead of one number",
+    "Reduce to one scalar: the mean over the selected positions (F.cross_entropy's default reduction with "
+    "ignore_index=-100).",
+    _ml_not_scalar,
+)
+ML_COUNTS_UNSELECTED = Property(
+    "a loss that counts unselected positions (enormous where only the unselected positions hold huge scores)",
+    "Skip every position whose label is -100: F.cross_entropy(..., ignore_index=-100), or keep only "
+    "logits[labels != -100].",
+    _ml_counts_unselected,
+)
+ML_DIVIDED_BY_ALL = Property(
+    "the selected positions' losses divided by the number of all positions",
+    "Divide by the number of selected positions, (labels != -100).sum(), not by labels.numel().",
+    lambda case, expected, actual: _ml_ratio(case, expected, actual, lambda n_sel, n_all: n_sel / n_all),
+)
+ML_SUMMED = Property(
+    "the sum of the selected positions' losses instead of their mean",
+    "Average: divide the sum by the number of selected positions.",
+    lambda case, expected, actual: _ml_ratio(case, expected, actual, lambda n_sel, n_all: n_sel),
+)
+
+check_mlm_loss = Checker(
+    name="mlm_loss",
+    reference=mlm_loss,
+    make_cases=_loss_cases,
+    rtol=1e-4,
+    atol=1e-5,
+    mistakes=[
+        Mistake(
+            "the mean over every position: the unselected positions add 0 but still count in the denominator",
+            "Average over the selected positions only: F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), "
+            "ignore_index=-100) with the default reduction='mean'.",
+            _ml_divided_by_all,
+        ),
+        Mistake(
+            "the sum over the selected positions instead of the mean",
+            "Use the mean (reduction='mean', the default): a sum grows with the batch and the number of masks.",
+            _ml_summed,
+        ),
+        Mistake(
+            "labels of -100 turned into 0 and counted: the loss runs over every position",
+            "Leave -100 as it is and tell the loss to skip it: ignore_index=-100.",
+            _ml_counted_as_zero,
+        ),
+        Mistake(
+            "F.nll_loss on the raw logits: no log_softmax",
+            "nll_loss expects log-probabilities; F.cross_entropy takes the logits and applies log_softmax itself.",
+            _ml_no_log_softmax,
+        ),
+        Mistake(
+            "the mean of per-sentence means: a sentence with one selected token weighs as much as one with five",
+            "Average over all selected tokens of the batch at once: flatten [batch, seq] to one axis first.",
+            _ml_mean_of_sentences,
+        ),
+    ],
+    properties=[ML_NEGATIVE, ML_NOT_SCALAR, ML_COUNTS_UNSELECTED, ML_DIVIDED_BY_ALL, ML_SUMMED],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 5: classify_from_cls(hidden, pooler, classifier) -> logits [batch, n_classes]
+# ---------------------------------------------------------------------------------------
+
+_CALL_THE_DENSE = ("calling pooler(hidden) runs the library's own pooler: read the [CLS] state yourself, then use "
+                   "pooler.dense and torch.tanh")
+
+
+class _ExercisePooler(BertPooler):
+    """The library's pooler with its forward sealed, so that an answer must use pooler.dense."""
+
+    def forward(self, hidden):
+        raise RuntimeError(_CALL_THE_DENSE)
+
+
+def _cls_case(name, seed, batch, seq, d, n_classes, dtype=torch.float32, hidden=False):
+    g = seeded(seed)
+    states = randn(g, batch, seq, d, dtype=dtype)
+    if batch >= 4 and seq >= 2:
+        states[1, 0] = states[0, 0]  # rows 0 and 1: the same [CLS] state, different words
+        states[3, 1:] = states[2, 1:]  # rows 2 and 3: the same words, different [CLS] states
+    return Case(name, (states,), {"seed": seed + 1, "n_classes": n_classes}, hidden=hidden)
+
+
+def _cls_cases() -> list[Case]:
+    return [
+        _cls_case("4 inputs of 6 positions, d_model 16, 3 classes", 950, 4, 6, 16, 3),
+        _cls_case("2 inputs of 3 positions, 2 classes", 951, 2, 3, 8, 2),
+        _cls_case("float64, 5 inputs of 9 positions", 952, 5, 9, 8, 2, dtype=torch.float64, hidden=True),
+        _cls_case("as many inputs as positions (6 and 6)", 953, 6, 6, 12, 4, hidden=True),
+        _cls_case("one input of one position ([CLS] alone)", 954, 1, 1, 4, 3, hidden=True),
+    ]
+
+
+def _invoke_cls(fn, case: Case):
+    hidden = case.args[0]
+    d, dtype = hidden.shape[-1], hidden.dtype
+    with torch.random.fork_rng(devices=[]):  # the modules' own initialisation must not move the caller's RNG
+        pooler = _ExercisePooler(d)
+        classifier = torch.nn.Linear(d, case.kwargs["n_classes"])
+    g = seeded(case.kwargs["seed"])
+    for module in (pooler, classifier):
+        for p in module.parameters():
+            p.data.copy_(randn(g, *p.shape, dtype=torch.float64) / math.sqrt(d))
+    return fn(hidden, pooler.to(dtype), classifier.to(dtype))
+
+
+def _cl_mean(hidden, pooler, classifier):
+    return classifier(torch.tanh(pooler.dense(hidden.mean(dim=1))))
+
+
+def _cl_last(hidden, pooler, classifier):
+    return classifier(torch.tanh(pooler.dense(hidden[:, -1])))
+
+
+def _cl_batch_axis(hidden, pooler, classifier):
+    return classifier(torch.tanh(pooler.dense(hidden[0])))
+
+
+def _cl_no_tanh(hidden, pooler, classifier):
+    return classifier(pooler.dense(hidden[:, 0]))
+
+
+def _cl_no_pooler(hidden, pooler, classifier):
+    return classifier(hidden[:, 0])
+
+
+def _cl_reads_other_positions(case, expected, actual):
+    hidden = case.args[0]
+    if not (_tensor(actual) and actual.shape == expected.shape):
+        return False
+    for i in range(hidden.shape[0]):
+        for j in range(i + 1, hidden.shape[0]):
+            if torch.equal(hidden[i, 0], hidden[j, 0]) and not torch.equal(hidden[i], hidden[j]):
+                if not _rows_equal(actual, i, j):
+                    return True
+    return False
+
+
+def _cl_ignores_cls(case, expected, actual):
+    hidden = case.args[0]
+    if not (_tensor(actual) and actual.shape == expected.shape):
+        return False
+    for i in range(hidden.shape[0]):
+        for j in range(i + 1, hidden.shape[0]):
+            if torch.equal(hidden[i, 1:], hidden[j, 1:]) and not torch.equal(hidden[i, 0], hidden[j, 0]):
+                if _rows_equal(actual, i, j) and not _rows_equal(expected, i, j):
+                    return True
+    return False
+
+
+def _cl_batch_axis_shape(case, expected, actual):
+    batch, seq = case.args[0].shape[:2]
+    return _tensor(actual) and actual.dim() == 2 and batch != seq and actual.shape[0] == seq
+
+
+CL_READS_OTHER_POSITIONS = Property(
+    "logits that depend on positions other than [CLS] (two inputs with the same [CLS] state get different logits)",
+    "Read only position 0 of every input: hidden[:, 0] is [batch, d_model].",
+    _cl_reads_other_positions,
+)
+CL_IGNORES_CLS = Property(
+    "logits that ignore the [CLS] state (two inputs that differ only at [CLS] get the same logits)",
+    "The sentence vector is the final state of [CLS], at position 0: hidden[:, 0].",
+    _cl_ignores_cls,
+)
+CL_BATCH_AXIS = Property(
+    "one row of logits per position instead of one per input: the batch axis was indexed",
+    "hidden is [batch, seq, d_model]: position 0 of every input is hidden[:, 0], not hidden[0].",
+    _cl_batch_axis_shape,
+)
+
+check_classify_from_cls = Checker(
+    name="classify_from_cls",
+    reference=classify_from_cls,
+    make_cases=_cls_cases,
+    invoke=_invoke_cls,
+    rtol=1e-4,
+    atol=1e-5,
+    mistakes=[
+        Mistake(
+            "the mean over all positions instead of the [CLS] state",
+            "BERT's sentence vector is the state of [CLS] alone: hidden[:, 0].",
+            _cl_mean,
+        ),
+        Mistake(
+            "the last position instead of [CLS] (in a padded batch often a [PAD])",
+            "[CLS] is the first token: hidden[:, 0], not hidden[:, -1].",
+            _cl_last,
+        ),
+        Mistake(
+            "hidden[0]: the first input's states (one row per position) instead of position 0 of every input",
+            "Index the position axis: hidden[:, 0] is [batch, d_model].",
+            _cl_batch_axis,
+        ),
+        Mistake(
+            "the tanh of the pooler left out",
+            "The pooler is a dense layer followed by tanh: torch.tanh(pooler.dense(cls_state)).",
+            _cl_no_tanh,
+        ),
+        Mistake(
+            "the pooler skipped: the classifier applied to the raw [CLS] state",
+            "Pass the [CLS] state through pooler.dense and tanh first, then the classifier.",
+            _cl_no_pooler,
+        ),
+    ],
+    properties=[CL_READS_OTHER_POSITIONS, CL_IGNORES_CLS, CL_BATCH_AXIS],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 6: best_span(start_logits, end_logits, passage_mask, max_answer_len) -> (start, end)
+# ---------------------------------------------------------------------------------------
+
+
+def _passage(batch, seq, g, min_start=2):
+    """[CLS] question [SEP] passage [SEP] [PAD]...: one stretch of True per row."""
+    mask = torch.zeros(batch, seq, dtype=torch.bool)
+    for b in range(batch):
+        lo = int(torch.randint(min_start, max(min_start + 1, seq // 3), (1,), generator=g))
+        hi = int(torch.randint(lo + 2, seq, (1,), generator=g))
+        mask[b, lo:hi] = True
+    return mask
+
+
+def _span_case(name, seed, batch, seq, max_len, dtype=torch.float32, hidden=False):
+    g = seeded(seed)
+    start, end = randn(g, batch, seq, dtype=dtype, scale=2.0), randn(g, batch, seq, dtype=dtype, scale=2.0)
+    return Case(name, (start, end, _passage(batch, seq, g), max_len), hidden=hidden)
+
+
+def _constructed_cases():
+    """Rows built so that each rule decides the answer somewhere."""
+    seq = 10
+    passage = torch.zeros(4, seq, dtype=torch.bool)
+    passage[:, 3:9] = True  # [CLS] q q [SEP] p p p p p p [SEP]
+    start = torch.zeros(4, seq)
+    end = torch.zeros(4, seq)
+    start[0, 7], end[0, 4] = 5.0, 5.0  # the best start comes after the best end
+    start[0, 5], end[0, 6] = 3.0, 3.0
+    start[1, 1], end[1, 2] = 9.0, 9.0  # the highest scores sit in the question
+    start[1, 4], end[1, 5] = 2.0, 2.0
+    start[2, 3], end[2, 8] = 6.0, 6.0  # a long span (6 tokens) beats a short one
+    start[2, 6], end[2, 6] = 4.0, 4.0
+    start[3, 5], end[3, 5] = 4.0, 4.0  # a one-token answer is the best
+    start[3, 4], end[3, 7] = 1.0, 1.0
+    return start, end, passage
+
+
+def _span_cases() -> list[Case]:
+    start, end, passage = _constructed_cases()
+    return [
+        _span_case("6 questions, 14 positions, answers up to 3 tokens", 960, 6, 14, 3),
+        Case("4 constructed rows, answers up to 4 tokens", (start, end, passage, 4)),
+        Case("the same rows, answers up to 5 tokens", (start, end, passage, 5)),
+        _span_case("32 questions, one-token answers", 961, 32, 25, 1, hidden=True),
+        _span_case("16 questions, no effective length limit", 962, 16, 20, 30, hidden=True),
+        _span_case("float64, 8 questions, answers up to 4 tokens", 963, 8, 12, 4, dtype=torch.float64, hidden=True),
+        Case("4 constructed rows, answers up to 6 tokens", (start, end, passage, 6), hidden=True),
+        _span_case("40 questions, answers up to 2 tokens", 964, 40, 16, 2, hidden=True),
+    ]
+
+
+def _search(start, end, passage, allowed_fn):
+    """argmax of start[s] + end[e] over the (s, e) with allowed_fn(s, e, passage_row) True, row by row."""
+    batch, seq = start.shape
+    s_out, e_out = torch.zeros(batch, dtype=torch.long), torch.zeros(batch, dtype=torch.long)
+    for b in range(batch):
+        best = None
+        for s in range(seq):
+            for e in range(seq):
+                if allowed_fn(s, e, passage[b]):
+                    score = float(start[b, s] + end[b, e])
+                    if best is None or score > best[0]:
+                        best = (score, s, e)
+        if best is not None:  # no allowed pair: (0, 0), what an argmax over all -inf gives
+            s_out[b], e_out[b] = best[1], best[2]
+    return s_out, e_out
+
+
+def _bs_separate(start, end, passage, max_answer_len):
+    return start.argmax(dim=1), end.argmax(dim=1)
+
+
+def _bs_separate_in_passage(start, end, passage, max_answer_len):
+    low = torch.finfo(start.dtype).min
+    return start.masked_fill(~passage, low).argmax(dim=1), end.masked_fill(~passage, low).argmax(dim=1)
+
+
+def _bs_outside_passage(start, end, passage, max_answer_len):
+    return _search(start, end, passage, lambda s, e, p: s <= e < s + max_answer_len)
+
+
+def _bs_no_length_limit(start, end, passage, max_answer_len):
+    return _search(start, end, passage, lambda s, e, p: s <= e and bool(p[s]) and bool(p[e]))
+
+
+def _bs_one_too_long(start, end, passage, max_answer_len):
+    return _search(start, end, passage, lambda s, e, p: s <= e <= s + max_answer_len and bool(p[s]) and bool(p[e]))
+
+
+def _bs_strict(start, end, passage, max_answer_len):
+    return _search(start, end, passage, lambda s, e, p: s < e < s + max_answer_len and bool(p[s]) and bool(p[e]))
+
+
+def _span_out(actual, batch):
+    if not (isinstance(actual, (tuple, list)) and len(actual) == 2 and all(_tensor(t) for t in actual)):
+        return None
+    s, e = actual
+    if s.shape != (batch,) or e.shape != (batch,) or s.is_floating_point() or e.is_floating_point():
+        return None
+    return s.long(), e.long()
+
+
+def _bs_start_after_end(case, expected, actual):
+    out = _span_out(actual, case.args[0].shape[0])
+    return out is not None and bool((out[0] > out[1]).any())
+
+
+def _bs_outside(case, expected, actual):
+    passage = case.args[2]
+    out = _span_out(actual, passage.shape[0])
+    if out is None:
+        return False
+    s, e = out
+    seq = passage.shape[1]
+    if ((s < 0) | (s >= seq) | (e < 0) | (e >= seq)).any():
+        return True
+    rows = torch.arange(passage.shape[0])
+    return bool((~passage[rows, s] | ~passage[rows, e]).any())
+
+
+def _bs_too_long(case, expected, actual):
+    out = _span_out(actual, case.args[0].shape[0])
+    return out is not None and bool((out[1] - out[0] + 1 > case.args[3]).any())
+
+
+def _bs_not_the_best(case, expected, actual):
+    start, end, passage, max_len = case.args
+    out = _span_out(actual, start.shape[0])
+    if out is None:
+        return False
+    s, e = out
+    seq, rows = start.shape[1], torch.arange(start.shape[0])
+    if ((s < 0) | (s >= seq) | (e < 0) | (e >= seq)).any():
+        return False
+    valid = (s <= e) & (e - s + 1 <= max_len) & passage[rows, s] & passage[rows, e]
+    score = start[rows, s] + end[rows, e]
+    best = start[rows, expected[0]] + end[rows, expected[1]]
+    return bool((valid & (score < best - 1e-6)).any())
+
+
+BS_START_AFTER_END = Property(
+    "a span that ends before it starts",
+    "Score pairs, not positions: only (s, e) with s <= e are allowed, so take the best sum start[s] + end[e] "
+    "over those pairs instead of two separate argmaxes.",
+    _bs_start_after_end,
+)
+BS_OUTSIDE = Property(
+    "a span outside the passage (in the question, on [CLS], [SEP] or padding)",
+    "Allow only pairs whose start and end are both passage tokens: passage_mask[s] and passage_mask[e].",
+    _bs_outside,
+)
+BS_TOO_LONG = Property(
+    "a span longer than max_answer_len",
+    "Allow only e - s + 1 <= max_answer_len, i.e. e < s + max_answer_len.",
+    _bs_too_long,
+)
+BS_NOT_THE_BEST = Property(
+    "an allowed span, but not the highest-scoring one",
+    "Among all allowed pairs (s <= e, length limit, both in the passage) return the one with the largest "
+    "start_logits[s] + end_logits[e].",
+    _bs_not_the_best,
+)
+
+check_best_span = Checker(
+    name="best_span",
+    reference=best_span,
+    make_cases=_span_cases,
+    mistakes=[
+        Mistake(
+            "start and end chosen separately (two argmaxes), anywhere in the input",
+            "Score every pair: scores[s, e] = start[s] + end[e]; keep s <= e, the length limit and the passage; "
+            "take the best pair.",
+            _bs_separate,
+        ),
+        Mistake(
+            "start and end chosen separately within the passage: the end can come before the start",
+            "Choose the pair, not each end alone: the best start[s] + end[e] with s <= e.",
+            _bs_separate_in_passage,
+        ),
+        Mistake(
+            "spans allowed outside the passage (the question, [CLS] or [SEP] can be the answer)",
+            "Keep only pairs with passage_mask[s] and passage_mask[e] both True.",
+            _bs_outside_passage,
+        ),
+        Mistake(
+            "no maximum answer length",
+            "Keep only spans of at most max_answer_len tokens: e - s + 1 <= max_answer_len.",
+            _bs_no_length_limit,
+        ),
+        Mistake(
+            "one token too long allowed (e - s <= max_answer_len)",
+            "A span from s to e (inclusive) has e - s + 1 tokens: allow e - s + 1 <= max_answer_len.",
+            _bs_one_too_long,
+        ),
+        Mistake(
+            "one-token answers excluded (s < e instead of s <= e)",
+            "An answer may be a single token: allow e == s.",
+            _bs_strict,
+        ),
+    ],
+    properties=[BS_START_AFTER_END, BS_OUTSIDE, BS_TOO_LONG, BS_NOT_THE_BEST],
+)
+
+
+CHECKERS = [check_build_pair_inputs, check_embedding_sum, check_mask_tokens, check_mlm_loss,
+            check_classify_from_cls, check_best_span]
