@@ -219,7 +219,7 @@ def embedding_by_einsum(ids, table):
     (ch08.check_encode_word, encode_by_ranks),
     (ch08.check_embedding_lookup, embedding_by_indexing),
     (ch08.check_embedding_lookup, embedding_by_einsum),
-], ids=lambda x: getattr(x, "__name__", str(x)))
+], ids=lambda x: getattr(x, "__name__", None) or getattr(x, "name", None) or str(x))
 def test_correct_answers_written_another_way_pass(checker, answer):
     verdict = _verdict(checker, answer)
     assert verdict.passed, verdict.message
