@@ -16,7 +16,7 @@ CHAPTERS = notebook_builder.chapters()
 # The smallest number of autograded exercises each chapter promises.
 MIN_EXERCISES = {"01_static_to_contextual": 5, "02_self_attention": 5, "03_multi_head_attention": 6,
                  "04_positional_encoding": 5, "05_add_norm_ffn": 6, "06_decoder_masks": 5, "07_training_inference": 7,
-                 "08_tokenization": 6, "09_bert": 6, "11_long_sequences": 6,
+                 "08_tokenization": 6, "09_bert": 6, "10_gpt": 6, "11_long_sequences": 6,
                  "12_vision_transformers": 6}
 
 

@@ -76,6 +76,21 @@ EXERCISES = {
         ".values[..., -1:], float('-inf'))",
         "def top_k_filter(logits, k): return logits.masked_fill(logits < logits.topk(k, dim=-1).values[..., -1:], "
         "float('-inf'))"),
+    "08_tokenization": ("oov_rate",    "a percentage",
+      "def oov_rate(vocab, words): return 100 * sum(w not in vocab for w in words) / len(words)",
+      "def oov_rate(vocab, words): return sum(w not in vocab for w in words) / len(words)"),
+    "09_bert": ("embedding_sum",    "segment embedding left out",
+      "def embedding_sum(ids, segment_ids, token_table, segment_table, position_table): return token_table[ids] + position_table[: ids.shape[-1]]",
+      "def embedding_sum(ids, segment_ids, token_table, segment_table, position_table): return token_table[ids] + segment_table[segment_ids] + position_table[: ids.shape[-1]]"),
+    "10_gpt": ("temperature_probs",    "multiplied by T",
+      "def temperature_probs(logits, temperature): return torch.softmax(logits * temperature, dim=-1)",
+      "def temperature_probs(logits, temperature): return torch.softmax(logits / temperature, dim=-1)"),
+    "11_long_sequences": ("sliding_window_mask",    "inverted",
+      "def sliding_window_mask(size, window, causal=False): return ~(((torch.arange(size)[:, None] - torch.arange(size)[None, :]).abs() <= window) & ((torch.arange(size)[:, None] >= torch.arange(size)[None, :]) | (not causal)))",
+      "def sliding_window_mask(size, window, causal=False): return ((torch.arange(size)[:, None] - torch.arange(size)[None, :]).abs() <= window) & ((torch.arange(size)[:, None] >= torch.arange(size)[None, :]) | (not causal))"),
+    "12_vision_transformers": ("patchify",    "tokens and features swapped",
+      "def patchify(images, patch): return images.unfold(2, patch, patch).unfold(3, patch, patch).permute(0, 2, 3, 1, 4, 5).flatten(3).flatten(1, 2).transpose(1, 2)",
+      "def patchify(images, patch): return images.unfold(2, patch, patch).unfold(3, patch, patch).permute(0, 2, 3, 1, 4, 5).flatten(3).flatten(1, 2)"),
 }
 
 

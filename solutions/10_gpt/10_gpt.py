@@ -1,0 +1,980 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 10 — GPT: a decoder-only language model
+#
+# Chapter 07 trained an encoder-decoder: an encoder read a date, a decoder wrote its ISO form. Chapter 09's
+# BERT kept only the encoder. This chapter keeps only the **decoder**, and with it the simplest training task
+# there is: *predict the next token*. No labels, no second sequence: any text is training data. That is the
+# recipe of GPT (Radford et al., 2018), GPT-2 (Radford et al., 2019) and GPT-3 (Brown et al., 2020), and of
+# most large language models since.
+#
+# A model that predicts the next token does three things at once. It **scores** texts: by the chain rule, the
+# product of its next-token probabilities is the probability of a whole text. It **generates**: draw a token,
+# append it, predict again. And, at a large enough scale, it can be **prompted** to do tasks it was never
+# trained on.
+#
+# In this chapter:
+#
+# 1. **The chain rule**: "It takes great courage" as a product of next-token probabilities; the decoder-only
+#    model in one picture.
+# 2. **Every position is a training example**: windows of text, the causal mask, targets shifted by one.
+#    *Exercise 1: `next_token_loss`.*
+# 3. **Baselines**: what a loss of 2 nats per character means. Unigram and bigram models, bits, perplexity.
+#    *Exercises 2 and 3: `bigram_log_probs`, `bits_per_char`.*
+# 4. **A character-level GPT**, trained here on Python's own help text, against those baselines.
+# 5. **The chain rule, measured**: the trained model scores a sentence and its scrambled words.
+# 6. **The same model on BPE tokens**, compared per character (per-token numbers are not comparable).
+# 7. **Generation**: greedy with the key/value cache, temperature, top-k, top-p (nucleus) sampling and beam
+#    search, with samples. *Exercises 4, 5 and 6: `greedy_generate`, `temperature_probs`, `top_p_filter`.*
+# 8. **Scale**: GPT-2 small counted, GPT-3's 175 billion parameters recomputed from its shape.
+# 9. **Few-shot prompting**, as a concept.
+# 10. **Three families**: encoder-decoder, encoder-only, decoder-only.
+#
+# The whole notebook runs on one CPU thread in under a minute, both trainings included.
+
+# %%
+import math
+import time
+
+import matplotlib.pyplot as plt
+import torch
+
+from transformer_lib import configs
+from transformer_lib.checks import exercise_summary, yours_or_reference
+from transformer_lib.checks.ch10 import (
+    check_bigram_log_probs,
+    check_bits_per_char,
+    check_greedy_generate,
+    check_next_token_loss,
+    check_temperature_probs,
+    check_top_p_filter,
+)
+from transformer_lib.corpus import char_splits
+from transformer_lib.decoding import top_k_filter
+from transformer_lib.diagrams.ch10 import draw_decoder_only, draw_three_families
+from transformer_lib.gpt import (GPT, CharTokenizer, GPTConfig, beam_search, evaluate_lm, generate, generate_long,
+                                 train_lm, unigram_log_probs)
+from transformer_lib.tokenization import train_byte_level_bpe
+
+torch.manual_seed(0)
+torch.set_printoptions(precision=4, sci_mode=False)
+
+# %% [markdown]
+# ## 1. The chain rule
+#
+# A **language model** gives every text a probability. Writing a text $x_1, x_2, \dots, x_T$ as a sequence
+# of tokens, the chain rule of probability splits that one number into a product of next-token
+# predictions, with no approximation at all:
+#
+# $$P(x_1, \dots, x_T) = P(x_1)\, \prod_{t=2}^{T} P(x_t \mid x_1, \dots, x_{t-1}).$$
+#
+# Simon Prince's example (*Understanding Deep Learning*, 2023, section 12.7) reads it on a sentence:
+#
+# $$P(\text{It takes great courage}) = P(\text{It}) \times P(\text{takes} \mid \text{It}) \times
+# P(\text{great} \mid \text{It takes}) \times P(\text{courage} \mid \text{It takes great}).$$
+#
+# So a model that, given any left context, returns a distribution over the next token *is* a model of whole
+# texts. Such a model is called **autoregressive**: each token is predicted from the ones before it. Here are
+# the four factors it must supply for Prince's sentence:
+
+# %%
+words = ["It", "takes", "great", "courage"]
+for t, word in enumerate(words):
+    context = " ".join(words[:t]) or "(the start)"
+    print(f"factor {t + 1}: P({word!r:>9} | {context})")
+
+# %% [markdown]
+# Each factor is a number below one, so their product shrinks fast with the length of the text: a paragraph of
+# 1,000 characters, each predicted with probability 0.3, has probability $0.3^{1000}$, far below the smallest
+# float32. Models therefore work with **log-probabilities**, and the product becomes a sum:
+#
+# $$\log P(x_1, \dots, x_T) = \log P(x_1) + \sum_{t=2}^{T} \log P(x_t \mid x_{<t}).$$
+
+# %%
+p = torch.tensor(0.3)
+print("0.3 ** 1000 in float32      :", (p ** 1000).item())
+print("1000 * log(0.3), in float32 :", (1000 * p.log()).item())
+
+# %% [markdown]
+# ### The decoder-only model
+#
+# GPT is the Transformer's decoder without its cross-attention, since there is no encoder to attend to.
+# Tokens are embedded and given learned position vectors; a stack of identical blocks follows, each a
+# **masked self-attention** and an MLP, each inside a residual connection with a LayerNorm in front
+# (pre-norm, chapter 05); a final LayerNorm and a linear layer turn every position's vector into logits over
+# the vocabulary. The output layer reuses the token embedding matrix (**weight tying**, Press & Wolf, 2017).
+# The library's `transformer_lib.gpt.GPT` is exactly GPT-2's architecture: its tests copy the weights of a
+# Hugging Face `GPT2LMHeadModel` into it and get the same logits.
+#
+# The picture shows one training window of the sentence. The causal mask beside the stack is what makes
+# position $t$ see only positions $0..t$. So, in **one** forward pass, the output at every position is a
+# prediction of the token after it, made from the left context alone. Read upwards: *It* predicts *takes*,
+# *It takes* predicts *great*, and so on.
+
+# %%
+fig = draw_decoder_only(words)
+plt.show()
+
+# %% [markdown]
+# ## 2. Every position is a training example
+#
+# Training wants those predictions to match the text. Take a window of $L$ tokens from the training text and
+# run the model on it. The output at position $t$ has seen tokens $0..t$ and is scored on token $t+1$: the
+# **targets are the inputs shifted left by one**. That is $L - 1$ training examples from a single window, all
+# computed in one pass. The last position's prediction has no target inside the window (its token lies past
+# the end), so it is left out.
+#
+# Compare with BERT (chapter 09), which predicts only the 15% of tokens it masked: a decoder learns from every
+# token, but sees only the left context; BERT sees both sides but gets fewer training signals per sequence
+# (Prince, section 12.7).
+#
+# Our models read **characters** first. The text is the course's standard corpus: the prose of CPython's
+# built-in help pages (`help("if")` and friends), which ships with Python, split once into a training part
+# and a validation part by `corpus.char_splits()`.
+
+# %%
+train_text, val_text = char_splits()
+chars = CharTokenizer(train_text, val_text)  # one token per character
+train_ids, val_ids = chars.encode(train_text), chars.encode(val_text)  # [N_train], [N_val]
+print(f"training text: {len(train_text):,} characters; validation text: {len(val_text):,} characters")
+print(f"vocabulary: {len(chars)} characters, e.g. {''.join(chars.chars[30:60])!r}")
+print("a sample of the training text:", repr(train_text[1000:1160]))
+
+# %% [markdown]
+# One window of 9 characters, and the 8 examples it holds:
+
+# %%
+window = chars.encode("It takes ")  # [9]
+inputs, targets = window[:-1], window[1:]
+for t in range(len(inputs)):
+    print(f"position {t}: has seen {chars.decode(window[:t + 1])!r:13} -> must predict {chars.decode(targets[t:t + 1])!r}")
+
+# %% [markdown]
+# The causal mask is what makes this honest: without it, position $t$ could read token $t+1$, its own answer
+# (chapter 06 built exactly that cheat). A quick proof on an untrained GPT: change the last character of a
+# window, and no earlier position's logits move, not even by a rounding error.
+
+# %%
+torch.manual_seed(1)
+tiny = GPT(GPTConfig(vocab_size=len(chars), max_len=32, d_model=32, n_heads=2, n_layers=2, dropout=0.0)).eval()
+a = chars.encode("It takes great courage")[None]  # [1, 22]
+b = a.clone()
+b[0, -1] = chars.ids["x"]  # "It takes great couragx"
+with torch.no_grad():
+    same = torch.equal(tiny(a)[:, :-1], tiny(b)[:, :-1])
+    moved = (tiny(a)[:, -1] - tiny(b)[:, -1]).abs().max().item()
+print("logits of positions 0..20 bitwise identical:", same, "| largest change at position 21:", round(moved, 4))
+
+# %% [markdown]
+# ### Exercise 1 — `next_token_loss`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
+#
+# Write `next_token_loss(logits, tokens)`, the loss GPT is trained with.
+#
+# * `tokens`: `[batch, L]` integer ids, a batch of windows.
+# * `logits = model(tokens)`: `[batch, L, vocab]`; `logits[:, t]` is the prediction made at position $t$.
+# * returns a scalar tensor: the mean cross-entropy, **in nats** (natural logarithm), of the $\text{batch}
+#   \times (L - 1)$ predictions that have a target, position $t$ scored on `tokens[:, t + 1]`.
+#
+# $$\mathcal{L} = -\frac{1}{B\,(L-1)} \sum_{b} \sum_{t=0}^{L-2} \log \operatorname{softmax}(\text{logits}_{b,t})
+# [\,\text{tokens}_{b,t+1}\,]$$
+#
+# Worked example: logits that are all zero are a uniform guess, so with a vocabulary of 4 the loss is
+# $\ln 4 \approx 1.386$ whatever the tokens. `torch.nn.functional.cross_entropy` is allowed (it wants the
+# classes in dimension 1, or a flat `[N, vocab]` tensor).
+#
+# <details><summary>Hint 1 — the idea</summary>Two slices line the predictions up with their targets: drop the
+# prediction that has no target (the last position's) and the token that nobody predicts (the first one). Then it
+# is an ordinary classification loss over all the remaining (position, target) pairs.</details>
+# <details><summary>Hint 2 — the plan</summary><code>logits[:, :-1]</code> is <code>[B, L-1, V]</code> and
+# <code>tokens[:, 1:]</code> is <code>[B, L-1]</code>. Flatten both to <code>[B·(L-1), V]</code> and
+# <code>[B·(L-1)]</code> with <code>reshape</code>, and take the mean cross-entropy.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "next_token_loss", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy (nats) of each position's prediction against the next token.
+
+    logits: [batch, L, vocab] = model(tokens); tokens: [batch, L]. Returns a scalar tensor.
+    """
+    ### BEGIN SOLUTION
+    predictions = logits[:, :-1]  # [B, L-1, V]: the last position has no target in the window
+    targets = tokens[:, 1:]  # [B, L-1]: position t is scored on token t + 1
+    return torch.nn.functional.cross_entropy(predictions.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "next_token_loss_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_next_token_loss(next_token_loss)
+### BEGIN HIDDEN TESTS
+check_next_token_loss(next_token_loss, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+next_token_loss_impl = yours_or_reference(next_token_loss, check_next_token_loss)
+
+# %% [markdown]
+# An untrained GPT knows nothing, so it should be about as unsure as a uniform guess over the 103 characters,
+# whose loss is $\ln 103 \approx 4.63$ nats. Its initial weights are small (GPT-2's initialisation), so its
+# logits are nearly equal, and that is what we see on a batch of 8 random windows of the training text:
+
+# %%
+torch.manual_seed(2)
+untrained = GPT(GPTConfig(vocab_size=len(chars), max_len=32, d_model=96, n_heads=4, n_layers=2, dropout=0.0))
+batch = train_ids[torch.randint(0, len(train_ids) - 32, (8,))[:, None] + torch.arange(32)]  # [8, 32]
+with torch.no_grad():
+    print(f"untrained GPT: {next_token_loss_impl(untrained(batch), batch).item():.3f} nats per character; "
+          f"ln {len(chars)} = {math.log(len(chars)):.3f}")
+
+# %% [markdown]
+# ## 3. Baselines: what is a good loss?
+#
+# "1.9 nats per character" means nothing until it is compared with something. Two models that need no
+# training at all make good yardsticks.
+#
+# * The **unigram** model ignores the context: $P(x_t \mid x_{<t}) = P(x_t)$, each character's frequency in the
+#   training text. It knows that `e` is common and `~` rare, and nothing else.
+# * The **bigram** model looks at one character of context: $P(x_t \mid x_{<t}) = P(x_t \mid x_{t-1})$, counted
+#   over every pair of neighbours in the training text. It knows that `q` is followed by `u`.
+#
+# Counts have a problem: a pair that never occurs in training gets probability 0, and one such pair in the
+# validation text makes the loss infinite. **Add-$\alpha$ smoothing** (Laplace's rule for $\alpha = 1$) adds a
+# small pseudo-count to every cell first:
+#
+# $$P(j \mid i) = \frac{\text{count}(i, j) + \alpha}{\sum_{k} \text{count}(i, k) + \alpha V}.$$
+#
+# The unigram model comes from the library; the bigram model is the next exercise.
+
+# %%
+V = len(chars)
+unigram = unigram_log_probs(train_ids, V, alpha=1.0)  # [V]: log P(character)
+# Score every validation character but the first, the same predictions the GPT will make.
+unigram_nats = -unigram[val_ids[1:]].mean().item()
+print(f"unigram model: {unigram_nats:.3f} nats per character on the validation text")
+top = unigram.topk(5)
+print("most frequent characters:", [(chars.decode([i]), round(p, 3)) for i, p in zip(top.indices.tolist(), top.values.exp().tolist())])
+
+# %% [markdown]
+# ### Exercise 2 — `bigram_log_probs`
+# > **Difficulty** ●●○ · **Importance** ●●○ · about 10 minutes
+#
+# Write `bigram_log_probs(ids, vocab_size, alpha)`:
+#
+# * `ids`: `[N]` integer ids of a text; `vocab_size`: $V$; `alpha`: the pseudo-count.
+# * returns a float32 tensor `[V, V]` whose entry `[i, j]` is $\log P(\text{next} = j \mid \text{previous} = i)$,
+#   from the counts of every adjacent pair (overlapping: `ids[0], ids[1]`, then `ids[1], ids[2]`, ...) with
+#   add-$\alpha$ smoothing. Row $i$ is the distribution of what follows token $i$, so each row of its
+#   exponential sums to 1. A token never seen as a previous token gets a uniform row.
+#
+# Worked example: `ids = tensor([0, 1, 1, 2, 0, 1])`, `vocab_size = 4`, `alpha = 1`. The pairs are
+# (0,1) twice, (1,1), (1,2) and (2,0). Row 0 counts `[0, 2, 0, 0]`, so its probabilities are
+# `[1, 3, 1, 1] / 6` = `[0.1667, 0.5, 0.1667, 0.1667]`; row 3 was never a previous token: `[0.25] * 4`.
+#
+# <details><summary>Hint 1 — the idea</summary>Fill a <code>[V, V]</code> table of counts, add <code>alpha</code>
+# to every cell, divide each row by its own total, take the log. The pairs are <code>ids[:-1]</code> (previous)
+# next to <code>ids[1:]</code> (next).</details>
+# <details><summary>Hint 2 — the plan</summary>A loop over the pairs works; for speed, one number per pair,
+# <code>previous * V + next</code>, turns the table into one <code>torch.bincount(..., minlength=V * V)</code>
+# that you <code>view(V, V)</code>. The row totals are <code>counts.sum(dim=1, keepdim=True)</code>: <code>[V, 1]</code>,
+# which broadcasts over the columns.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "bigram_log_probs", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def bigram_log_probs(ids: torch.Tensor, vocab_size: int, alpha: float = 1.0) -> torch.Tensor:
+    """log P(next = j | previous = i) from the adjacent pairs of ids, add-alpha smoothed.
+
+    ids: [N] integer ids. Returns a float32 tensor [vocab_size, vocab_size]; row i is a distribution.
+    """
+    ### BEGIN SOLUTION
+    pairs = ids[:-1] * vocab_size + ids[1:]  # [N - 1]: one number per (previous, next)
+    counts = torch.bincount(pairs, minlength=vocab_size * vocab_size).view(vocab_size, vocab_size).double()
+    probs = (counts + alpha) / (counts.sum(dim=1, keepdim=True) + alpha * vocab_size)  # rows sum to 1
+    return probs.log().float()
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "bigram_log_probs_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_bigram_log_probs(bigram_log_probs)
+### BEGIN HIDDEN TESTS
+check_bigram_log_probs(bigram_log_probs, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+bigram_log_probs_impl = yours_or_reference(bigram_log_probs, check_bigram_log_probs)
+
+# %% [markdown]
+# Which $\alpha$? It is a setting of the model, so it is chosen on held-out data. A few values, scored on the
+# validation text (the GPT will be scored on exactly the same predictions: every character but the first):
+
+# %%
+for alpha in [1.0, 0.1, 0.01]:
+    table = bigram_log_probs_impl(train_ids, V, alpha)  # [V, V]
+    nats = -table[val_ids[:-1], val_ids[1:]].mean().item()
+    print(f"bigram model, alpha = {alpha:<5}: {nats:.3f} nats per character")
+bigram = bigram_log_probs_impl(train_ids, V, 0.1)
+bigram_nats = -bigram[val_ids[:-1], val_ids[1:]].mean().item()
+after_q = bigram[chars.ids["q"]].exp()
+print(f"after 'q' the bigram model expects 'u' with probability {after_q[chars.ids['u']]:.3f}")
+
+# %% [markdown]
+# One character of context is worth almost a nat: from 3.30 to 2.42 nats per character. The GPT will have to
+# beat 2.42 to show that it uses more than the previous character.
+#
+# ### Nats, bits and perplexity
+#
+# A loss in **nats** uses the natural logarithm; in **bits**, base 2. One bit is $\ln 2 \approx 0.693$ nats, so
+# bits $=$ nats $/ \ln 2$. Bits have a concrete meaning: a model with a loss of $b$ bits per character could
+# drive a compressor (an arithmetic coder) that stores the text in about $b$ bits per character. Plain ASCII
+# spends 8.
+#
+# Bits per character also make models with **different tokenizers** comparable. A model over subword tokens
+# reports nats per *token*, and a token covers several characters. The total information in the text is
+# (nats per token) × (number of tokens); divided by the number of characters, it becomes nats per character:
+#
+# $$\text{bits per character} = \frac{\mathcal{L}_\text{token} \times n_\text{tokens}}{n_\text{chars} \times \ln 2}.$$
+#
+# For a character-level model $n_\text{tokens} = n_\text{chars}$ and this is just $\mathcal{L} / \ln 2$.
+
+# %% [markdown]
+# ### Exercise 3 — `bits_per_char`
+# > **Difficulty** ●○○ · **Importance** ●●○ · about 5 minutes
+#
+# Write `bits_per_char(loss, n_tokens, n_chars)`: `loss` is a mean cross-entropy in nats per token (a float or a
+# 0-d tensor) measured over a text of `n_tokens` tokens and `n_chars` characters; return the bits per character
+# as a Python float.
+#
+# Worked example: a subword model at 2.0 nats per token on a text of 50 tokens and 120 characters:
+# $2.0 \times 50 / (120 \times 0.6931) = 1.202$ bits per character.
+#
+# <details><summary>Hint 1 — the idea</summary>Two separate conversions: from "per token" to "per character"
+# (how many tokens does one character amount to?), and from nats to bits (how many nats is one bit?).</details>
+# <details><summary>Hint 2 — the plan</summary>Multiply by the tokens per character, <code>n_tokens / n_chars</code>;
+# divide by <code>math.log(2)</code>. <code>float(loss)</code> turns a 0-d tensor into a number.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "bits_per_char", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def bits_per_char(loss, n_tokens: int, n_chars: int) -> float:
+    """Mean cross-entropy in nats per token -> bits per character of the same text."""
+    ### BEGIN SOLUTION
+    return float(loss) * n_tokens / n_chars / math.log(2)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "bits_per_char_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_bits_per_char(bits_per_char)
+### BEGIN HIDDEN TESTS
+check_bits_per_char(bits_per_char, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+bits_per_char_impl = yours_or_reference(bits_per_char, check_bits_per_char)
+
+# %% [markdown]
+# **Perplexity** is the third way to say the same thing: $e^{\mathcal{L}}$ with $\mathcal{L}$ in nats (or
+# $2^{b}$ with $b$ in bits). It is the number of equally likely choices the model is, on average, as uncertain
+# as: a uniform guess over $V$ tokens has perplexity $V$. Its catch: it is *per token*, so it depends on what a
+# token is (section 6).
+
+# %%
+n = len(val_ids) - 1  # the predictions every model below is scored on
+baselines = {"uniform guess": math.log(V), "unigram": unigram_nats, "bigram (alpha 0.1)": bigram_nats}
+print(f"{'model':<20} {'nats/char':>9} {'bits/char':>9} {'perplexity':>10}")
+for name, nats in baselines.items():
+    print(f"{name:<20} {nats:9.3f} {bits_per_char_impl(nats, n, n):9.3f} {math.exp(nats):10.1f}")
+
+# %% [markdown]
+# ## 4. A character-level GPT
+#
+# The model: 2 blocks, $d_\text{model} = 96$, 4 heads, a context of 32 characters; the vocabulary of 103
+# characters. Training draws batches of 32 random windows from the training text and minimises **your**
+# `next_token_loss` (or the reference, as the line above said) with AdamW: a short linear warm-up of the
+# learning rate, then a cosine decay (the schedule nanoGPT uses), gradients clipped to norm 1. 400 steps see
+# 32 × 32 × 400 = 409,600 characters, about 1.5 passes over the training text.
+
+# %%
+CONTEXT, BATCH, STEPS, LR = 32, 32, 400, 4e-3
+char_config = GPTConfig(vocab_size=V, max_len=CONTEXT, d_model=96, n_heads=4, n_layers=2, dropout=0.0)
+torch.manual_seed(10)
+char_model = GPT(char_config)
+print(f"character-level GPT: {sum(p.numel() for p in char_model.parameters()):,} parameters")
+
+# %% tags=["nbval-ignore-output"]
+start = time.perf_counter()
+char_history = train_lm(char_model, train_ids, context=CONTEXT, batch_size=BATCH, lr=LR, steps=STEPS,
+                        loss_fn=next_token_loss_impl, generator=torch.Generator().manual_seed(0),
+                        desc="character GPT")
+print(f"{STEPS} steps in {time.perf_counter() - start:.1f} s")
+
+# %% [markdown]
+# The validation loss covers the **whole** validation text: `evaluate_lm` slides a window of 32 characters along
+# it, 16 at a time, and scores every character but the first exactly once (after the first window, each with at
+# least 16 characters of context). The same predictions as the baselines:
+
+# %%
+char_model.eval()
+char_nats = evaluate_lm(char_model, val_ids, context=CONTEXT, stride=CONTEXT // 2)
+results = dict(baselines, **{"character GPT": char_nats})
+print(f"{'model':<20} {'nats/char':>9} {'bits/char':>9} {'perplexity':>10}")
+for name, nats in results.items():
+    print(f"{name:<20} {nats:9.3f} {bits_per_char_impl(nats, n, n):9.3f} {math.exp(nats):10.1f}")
+
+# %%
+smooth = torch.tensor(char_history).unfold(0, 20, 1).mean(dim=1)  # moving average over 20 steps
+fig, ax = plt.subplots(figsize=(7.5, 3.8))
+ax.plot(range(20, len(char_history) + 1), smooth, label="character GPT, training loss (20-step average)")
+ax.axhline(unigram_nats, color="#999999", linestyle="--", label=f"unigram baseline ({unigram_nats:.2f})")
+ax.axhline(bigram_nats, color="#d08020", linestyle="--", label=f"bigram baseline ({bigram_nats:.2f})")
+ax.axhline(char_nats, color="#2f6fad", linestyle=":", label=f"GPT, validation ({char_nats:.2f})")
+ax.set_xlabel("training step")
+ax.set_ylabel("nats per character")
+ax.set_ylim(1.5, 4.8)
+ax.legend(fontsize=8)
+ax.set_title("A 2-block GPT learns to use more than one character of context", fontsize=10)
+plt.show()
+
+# %% [markdown]
+# Within 30 steps the training loss falls below the unigram level: the model has learned which characters are
+# common. It crosses the bigram level after about 120 steps, and from there on it can only improve by using more
+# than the previous character, which is what attention is for. At 1.909 nats per character (2.754 bits, a
+# perplexity of 6.7 characters), the model is well below the bigram's 2.419 after only 400 steps. It is not a good
+# model: `benchmarks/bench_gpt.py` trains a larger one for 80 seconds on two threads and gets much further, and the
+# best models of the literature score around 1 bit per character on English text (the enwik8 and text8
+# benchmarks). What matters here is that the whole pipeline is real, and that it is measured against something.
+
+# %% [markdown]
+# ## 5. The chain rule, measured
+#
+# The trained model now supplies the factors of section 1 for real, one character at a time. The text starts
+# at the beginning of a paragraph (a newline, as in the corpus), so each factor is
+# $P(\text{character} \mid \text{everything before it})$:
+
+# %%
+sentence = "\nIt takes great courage."
+ids = chars.encode(sentence)[None]  # [1, 24]
+with torch.no_grad():
+    log_probs = torch.log_softmax(char_model(ids), dim=-1)[0, :-1]  # [23, V]: predictions for characters 1..23
+picked = log_probs.gather(-1, ids[0, 1:, None]).squeeze(-1)  # [23]: log P(character t+1 | characters <= t)
+for t in range(1, 10):
+    print(f"P({chars.decode(ids[0, t:t + 1])!r:5} | {chars.decode(ids[0, :t])!r:12}) = {picked[t - 1].exp():.3f}")
+print("...")
+print(f"sum of the 23 log-probabilities: {picked.sum():.2f} nats, so P(sentence | new paragraph) = e^{picked.sum():.1f}")
+
+# %% [markdown]
+# The sum of the log-factors is exactly $-(L-1)$ times the mean next-token loss, so your `next_token_loss`
+# scores whole sentences too. The same characters in a scrambled word order are much less likely: the model has
+# learned something about English, at least about where spaces and capitals go.
+
+# %%
+def sentence_log_prob(model, tokenizer, text):
+    """log P(text[1:] | text[0]) = -(L - 1) * the mean next-token loss."""
+    ids = tokenizer.encode(text)[None]  # [1, L]
+    with torch.no_grad():
+        return -(ids.shape[1] - 1) * next_token_loss_impl(model(ids), ids).item()
+
+
+for text in ["\nIt takes great courage.", "\ncourage. great takes It", "\nIt tkaes gaert cuorage."]:
+    print(f"log P({text[1:]!r:26} | new paragraph) = {sentence_log_prob(char_model, chars, text):7.2f} nats")
+
+# %% [markdown]
+# ## 6. The same model on BPE tokens
+#
+# Characters make long sequences: a window of 32 characters is five or six words. Chapter 08's **byte-pair
+# encoding** (BPE) merges frequent pieces into tokens, so the same window covers more text. We train a small
+# byte-level BPE (GPT-2's kind) with 512 tokens on the training paragraphs, then the *same* GPT (only the
+# vocabulary size changes) for the *same* 400 steps of 32 windows of 32 tokens.
+
+# %%
+bpe = train_byte_level_bpe(train_text.split("\n"), vocab_size=512)
+bpe_train = torch.tensor(bpe.encode(train_text).ids)  # [n_tokens]
+bpe_val = torch.tensor(bpe.encode(val_text).ids)
+print(f"BPE vocabulary: {bpe.get_vocab_size()} tokens")
+print(f"validation text: {len(val_text):,} characters -> {len(bpe_val):,} tokens, "
+      f"{len(val_text) / len(bpe_val):.2f} characters per token")
+example = bpe.encode("The for statement iterates over the items of a sequence.")
+print("tokens:", [bpe.decode([i]) for i in example.ids])
+
+# %%
+bpe_config = GPTConfig(vocab_size=bpe.get_vocab_size(), max_len=CONTEXT, d_model=96, n_heads=4, n_layers=2,
+                       dropout=0.0)
+torch.manual_seed(10)
+bpe_model = GPT(bpe_config)
+print(f"BPE GPT: {sum(p.numel() for p in bpe_model.parameters()):,} parameters "
+      f"(the larger vocabulary adds {(bpe_config.vocab_size - V) * 96:,} embedding weights)")
+
+# %% tags=["nbval-ignore-output"]
+start = time.perf_counter()
+bpe_history = train_lm(bpe_model, bpe_train, context=CONTEXT, batch_size=BATCH, lr=LR, steps=STEPS,
+                       loss_fn=next_token_loss_impl, generator=torch.Generator().manual_seed(0), desc="BPE GPT")
+print(f"{STEPS} steps in {time.perf_counter() - start:.1f} s")
+
+# %% [markdown]
+# Now the comparison, and its trap. The BPE model's loss is in nats per **token**, and its perplexity counts
+# choices among 512 tokens, each a piece of a word; the character model's counts choices among 103 characters.
+# Those two numbers measure different things and must not be compared. Per **character** they can be: the
+# total information over the validation text, divided by its number of characters (section 3). Both models are
+# scored on the whole validation text.
+
+# %%
+bpe_model.eval()
+bpe_nats_per_token = evaluate_lm(bpe_model, bpe_val, context=CONTEXT, stride=CONTEXT // 2)
+n_tokens, n_chars = len(bpe_val) - 1, len(val_text) - 1  # predictions made; characters they cover
+rows = [("character GPT", V, char_nats, n, n), ("BPE GPT", bpe.get_vocab_size(), bpe_nats_per_token, n_tokens, n_chars)]
+print(f"{'model':<14} {'vocab':>5} {'nats/token':>10} {'perplexity/token':>16} {'nats/char':>9} {'bits/char':>9}")
+for name, vocab, nats, tokens, characters in rows:
+    bpc = bits_per_char_impl(nats, tokens, characters)
+    print(f"{name:<14} {vocab:5d} {nats:10.3f} {math.exp(nats):16.1f} {bpc * math.log(2):9.3f} {bpc:9.3f}")
+
+# %% [markdown]
+# Per token, the BPE model looks far worse: 3.232 nats and a perplexity of 25.3 against the character model's
+# 1.909 and 6.7. Per character it is 1.509 nats: **better**, 2.178 bits per character against 2.754. The
+# per-token numbers only said that guessing a piece of a word is harder than guessing a letter.
+#
+# Why is it better here? With the same steps, batch and window, the BPE model read about twice as much text (a
+# token is 2.14 characters on average) and its 32-token window reaches about 68 characters back, not 32. This
+# comparison is at equal training steps and equal model size, the budget of this notebook; it says nothing
+# about which tokenizer wins with a large model trained to convergence. What it does show is the rule: **compare
+# language models across tokenizers in bits (or nats) per character, never in perplexity per token.**
+
+# %% [markdown]
+# ## 7. Generation
+#
+# A language model generates text by running the chain rule forwards: predict a distribution for the next
+# token, choose one, append it, repeat. The choice is the whole art, and chapter 07 met the basic options:
+# the most probable token (**greedy**), or a random draw, sharpened by a **temperature** or limited to the
+# **top k** tokens. This section adds the **nucleus** (top-p) and compares them all on the character model.
+#
+# ### Greedy decoding with the cache
+#
+# Chapter 07's decoder fed only the newest token at every step and kept every earlier key and value in a
+# **key/value cache**. A GPT does the same, and it is simpler: there is no encoder. `model.new_cache()` makes an
+# empty cache; `model(new_tokens, cache)` appends the new tokens' keys and values to it, places them at the
+# positions after the cached ones, and returns their logits `[batch, new, vocab]`.
+
+# %% [markdown]
+# ### Exercise 4 — `greedy_generate`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
+#
+# Write `greedy_generate(model, prompt, max_new_tokens)`:
+#
+# * `prompt`: `[batch, seq]` token ids; `model`: a `GPT` in eval mode (no gradients needed: the checker runs
+#   you under `torch.no_grad()`).
+# * returns `[batch, seq + max_new_tokens]`: the prompt followed by the new tokens, each the **argmax** of the
+#   last position's logits.
+# * uses the cache: the prompt runs through the model **once**, then every step feeds only the newest token,
+#   `[batch, 1]`. The checker counts the positions your model computes: none may be computed twice.
+#
+# Worked example: for a prompt of 3 tokens and 4 new ones, the model is called 4 times, with 3, 1, 1 and 1
+# positions (the last new token never needs to be fed: nothing comes after it).
+#
+# <details><summary>Hint 1 — the idea</summary>Keep two things apart: everything generated so far (what you
+# return) and what the model has not seen yet (the prompt at the first step, then one token). The cache remembers
+# the rest.</details>
+# <details><summary>Hint 2 — the plan</summary><code>cache = model.new_cache()</code> before the loop; then
+# <code>max_new_tokens</code> times: <code>model(new, cache)[:, -1]</code> is
+# <code>[batch, vocab]</code>; its argmax over the vocabulary is <code>[batch]</code>; make it a column
+# <code>[batch, 1]</code> to append to what you return and to feed next.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "greedy_generate", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def greedy_generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """Greedy decoding with the key/value cache: [batch, seq] -> [batch, seq + max_new_tokens]."""
+    ### BEGIN SOLUTION
+    cache = model.new_cache()
+    tokens = new = prompt  # new: what the model has not seen yet
+    for _ in range(max_new_tokens):
+        logits = model(new, cache)[:, -1]  # [batch, vocab]: only the last position predicts
+        new = logits.argmax(dim=-1, keepdim=True)  # [batch, 1]
+        tokens = torch.cat([tokens, new], dim=1)  # [batch, seq + 1]
+    return tokens
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "greedy_generate_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_greedy_generate(greedy_generate)
+### BEGIN HIDDEN TESTS
+check_greedy_generate(greedy_generate, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+greedy_generate_impl = yours_or_reference(greedy_generate, check_greedy_generate)
+
+# %% [markdown]
+# The cache changes the cost, never the result. The library's `generate` can run without it (every step re-runs
+# the whole sequence): the tokens are the same, one by one.
+
+# %%
+prompt = chars.encode("\nThe ")[None]  # [1, 5]
+with torch.no_grad():
+    cached = greedy_generate_impl(char_model, prompt, CONTEXT - prompt.shape[1])  # fills the 32-position context
+uncached = generate(char_model, prompt, CONTEXT - prompt.shape[1], greedy=True, use_cache=False)
+print("cached == uncached, token for token:", torch.equal(cached, uncached))
+print("greedy:", repr(chars.decode(cached[0])))
+
+# %% [markdown]
+# Greedy text from a small model gets stuck in loops: once a phrase is the most probable continuation of
+# itself, it repeats forever. A longer greedy run shows it. (The model's context is 32 positions, so
+# `generate_long` slides a window along, as nanoGPT does: when the window is full it keeps the last 16 tokens
+# and starts a fresh cache.)
+
+# %%
+greedy_text = generate_long(char_model, prompt, 150, choose=lambda logits: logits.argmax(dim=-1))
+print(repr(chars.decode(greedy_text[0, 1:])))
+
+# %% [markdown]
+# ### Temperature
+#
+# Sampling draws the next token from the model's distribution instead, so that a likely-but-not-top token gets
+# its chance. The **temperature** $T$ reshapes the distribution first: $\operatorname{softmax}(z / T)$ for
+# logits $z$. $T < 1$ stretches the gaps between logits, so the distribution gets sharper (the limit $T \to 0$ is
+# greedy); $T > 1$ flattens it (the limit is uniform).
+
+# %% [markdown]
+# ### Exercise 5 — `temperature_probs`
+# > **Difficulty** ●○○ · **Importance** ●●○ · about 5 minutes
+#
+# Write `temperature_probs(logits, temperature)`: `logits` `[..., vocab]`, `temperature` $> 0$; return the
+# probabilities $\operatorname{softmax}(\text{logits} / T)$ over the last dimension, same shape and dtype.
+#
+# Worked example: logits `[1., 2., 3.]` at $T = 0.5$ become `[2., 4., 6.]`, whose softmax is
+# `[0.0159, 0.1173, 0.8668]` (at $T = 1$: `[0.0900, 0.2447, 0.6652]`).
+#
+# <details><summary>Hint 1 — the idea</summary>The temperature acts on the logits, <i>before</i> the softmax.
+# Dividing probabilities afterwards would break their sum.</details>
+# <details><summary>Hint 2 — the plan</summary>One division, then one softmax over the vocabulary, the last
+# dimension. <code>torch.softmax</code> subtracts the maximum for you, which matters when <code>logits / T</code>
+# is huge.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "temperature_probs", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def temperature_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(logits / temperature) over the last dimension: [..., vocab] -> [..., vocab]."""
+    ### BEGIN SOLUTION
+    return torch.softmax(logits / temperature, dim=-1)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "temperature_probs_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_temperature_probs(temperature_probs)
+### BEGIN HIDDEN TESTS
+check_temperature_probs(temperature_probs, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+temperature_probs_impl = yours_or_reference(temperature_probs, check_temperature_probs)
+
+# %% [markdown]
+# The model's distribution for the character after `"The value of the "`, at three temperatures (the 12 most
+# probable characters at $T = 1$):
+
+# %%
+context_ids = chars.encode("The value of the ")[None]  # [1, 17]
+with torch.no_grad():
+    next_logits = char_model(context_ids)[0, -1]  # [V]
+order = next_logits.topk(12).indices
+labels = [repr(chars.decode([i]))[1:-1] or " " for i in order.tolist()]
+fig, axes = plt.subplots(1, 3, figsize=(11, 3.0), sharey=True)
+for ax, temperature in zip(axes, [0.5, 1.0, 2.0]):
+    probs = temperature_probs_impl(next_logits, temperature)  # [V]
+    ax.bar(range(12), probs[order], color="#2f6fad")
+    ax.set_xticks(range(12), labels, fontsize=8)
+    ax.set_title(f"T = {temperature}: top char {probs.max():.2f}, top 12 hold {probs[order].sum():.2f}", fontsize=9)
+axes[0].set_ylabel("probability")
+plt.show()
+
+# %% [markdown]
+# ### Top-k and top-p
+#
+# Even a sharpened distribution keeps a long tail: hundreds of unlikely tokens, each rare, but together likely
+# enough to be drawn every few steps, and one bad draw can derail everything after it. Two filters cut the tail
+# before drawing.
+#
+# * **Top-k** (Fan et al., 2018; chapter 07) keeps the $k$ most probable tokens. But a fixed $k$ is too many when
+#   the model is sure (after `q`, only `u` makes sense) and too few when it is not (the first letter of a word).
+# * **Top-p**, or **nucleus sampling** (Holtzman et al., 2020, "The Curious Case of Neural Text Degeneration"),
+#   keeps the *smallest set of most probable tokens whose probabilities add up to at least* $p$. Its size adapts
+#   to the model's confidence.
+#
+# The convention, which is Holtzman et al.'s and Hugging Face's: sort the tokens by probability, and keep a token
+# if the tokens ranked **above** it hold less than $p$. So the token that **crosses** $p$ is kept; the most
+# probable token is always kept, even when it alone holds more than $p$.
+
+# %% [markdown]
+# ### Exercise 6 — `top_p_filter`
+# > **Difficulty** ●●● · **Importance** ●●○ · about 15 minutes
+#
+# Write `top_p_filter(logits, p)`: `logits` `[..., vocab]`, `0 < p < 1`. Return a tensor of the same shape in
+# which the logits of the tokens outside the nucleus are `-inf` and the others are **unchanged**, in vocabulary
+# order.
+#
+# Worked example: probabilities `[0.1, 0.5, 0.05, 0.15, 0.2]` (as logits, their logs) and $p = 0.8$. Sorted:
+# 0.5, 0.2, 0.15, 0.1, 0.05; the mass before each is 0, 0.5, 0.7, 0.85, 0.95. The first three have less than 0.8
+# before them, so tokens 1, 4 and 3 stay (0.85 in all) and tokens 0 and 2 become `-inf`.
+#
+# <details><summary>Hint 1 — the idea</summary>Decide in sorted order, apply in vocabulary order. In sorted order
+# the nucleus is a prefix, and "the mass before a token" is a cumulative sum minus the token itself.</details>
+# <details><summary>Hint 2 — the plan</summary><code>sorted_logits, order = logits.sort(dim=-1, descending=True)</code>;
+# softmax of <code>sorted_logits</code>, <code>cumsum(dim=-1)</code>, minus the probabilities: a boolean
+# <code>drop</code> <code>[..., vocab]</code> in sorted order. Send it back to vocabulary order with
+# <code>drop.scatter(-1, order, drop)</code>, then <code>masked_fill</code> the logits.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "top_p_filter", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Nucleus filtering: -inf outside the smallest set of most probable tokens with mass >= p.
+
+    logits: [..., vocab]. Returns [..., vocab], kept logits unchanged, in vocabulary order.
+    """
+    ### BEGIN SOLUTION
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [..., vocab]
+    probs = torch.softmax(sorted_logits.float(), dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # [..., vocab]: what the better-ranked tokens hold
+    drop_sorted = mass_before >= p  # the crossing token has less than p before it: it stays
+    drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+    return logits.masked_fill(drop, float("-inf"))
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "top_p_filter_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_top_p_filter(top_p_filter)
+### BEGIN HIDDEN TESTS
+check_top_p_filter(top_p_filter, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+top_p_filter_impl = yours_or_reference(top_p_filter, check_top_p_filter)
+
+# %% [markdown]
+# The adaptivity, measured: how many characters the nucleus keeps at $p = 0.9$, in a context where the model is
+# sure of the next character and in one where it is not. Top-k would keep the same $k$ in both.
+
+# %%
+for text in ["The value of the ", "The value of the argum", "\n"]:
+    with torch.no_grad():
+        logits = char_model(chars.encode(text)[None])[0, -1]  # [V]
+    kept = top_p_filter_impl(logits, 0.9).isfinite()
+    best = logits.softmax(-1).max().item()
+    print(f"after {text!r:26}: top character has p = {best:.2f}; the 0.9-nucleus keeps {int(kept.sum()):3d} of {V}")
+
+# %% [markdown]
+# ### Samples
+#
+# Each rule becomes a `choose(logits) -> token` function built from your functions (top-k from chapter 07), and
+# the library's `generate_long` runs it. The same seed for every sampler, 200 characters each, from the same
+# prompt:
+
+# %%
+def sampler(temperature=1.0, top_k=None, top_p=None, seed=0):
+    """A choose(logits [batch, vocab]) -> [batch] rule: temperature, then top-k, then top-p, then a draw."""
+    g = torch.Generator().manual_seed(seed)
+
+    def choose(logits):
+        log_probs = temperature_probs_impl(logits, temperature).log()  # [batch, vocab]: logits at temperature T
+        log_probs = top_k_filter(log_probs, top_k) if top_k else log_probs
+        log_probs = top_p_filter_impl(log_probs, top_p) if top_p else log_probs
+        return torch.multinomial(torch.softmax(log_probs, dim=-1), 1, generator=g).squeeze(-1)  # [batch]
+
+    return choose
+
+
+samplers = {
+    "T = 0.5": sampler(temperature=0.5),
+    "T = 1.0": sampler(temperature=1.0),
+    "T = 1.5": sampler(temperature=1.5),
+    "top-k 10": sampler(top_k=10),
+    "top-p 0.9": sampler(top_p=0.9),
+}
+for name, choose in samplers.items():
+    text = generate_long(char_model, prompt, 200, choose=choose)
+    print(f"--- {name}\n{chars.decode(text[0, 1:])}\n")
+
+# %% [markdown]
+# None of this is English yet, but the differences between the rules show. At $T = 0.5$ the text falls back
+# on the safest words ("the", "is", "a") and repeats them. At $T = 1$ the words are invented but have the
+# shape of English (`funcpires`, `plassipin`), with the capitals, punctuation and line breaks of the help pages. At
+# $T = 1.5$ the tail takes over: digits, quotes, `…` and symbols the model rarely predicts now come up every few
+# characters. Top-k and top-p sampling start from the same random numbers as $T = 1$ and cut that tail: fewer
+# odd characters, more real words (`object`, `modules`, `class`).
+#
+# ### Beam search
+#
+# Greedy search picks the best *next* token, not the best *sequence*: a token that looks good now may lead
+# nowhere. **Beam search** (chapter 07) keeps the `beam_size` most probable partial continuations at every step
+# and returns the best whole one. It finds more probable text, as the scores show: each continuation's
+# log-probability given the prompt, summed with the chain rule.
+
+# %%
+def continuation_log_prob(model, tokens, prompt_len):
+    """log P(tokens[prompt_len:] | tokens[:prompt_len]), by the chain rule, from next_token_loss."""
+    with torch.no_grad():
+        mean = next_token_loss_impl(model(tokens), tokens).item()  # over all L - 1 predictions
+        before = next_token_loss_impl(model(tokens[:, :prompt_len]), tokens[:, :prompt_len]).item()
+    return -(tokens.shape[1] - 1) * mean + (prompt_len - 1) * before
+
+
+beam_prompt = chars.encode("\nIn the ")[None]  # [1, 8]
+new = CONTEXT - beam_prompt.shape[1]
+with torch.no_grad():
+    candidates = {"greedy": greedy_generate_impl(char_model, beam_prompt, new),
+                  "beam search, 4 beams": beam_search(char_model, beam_prompt, new, beam_size=4, length_penalty=0.0)}
+for name, tokens in candidates.items():
+    score = continuation_log_prob(char_model, tokens, beam_prompt.shape[1])
+    print(f"{name:<21} log P = {score:7.2f}  {chars.decode(tokens[0, 1:])!r}")
+
+# %% [markdown]
+# Beam search is the standard for tasks with one right answer (translation, chapter 07's dates). For open-ended
+# text, Holtzman et al. found the opposite of what one might hope: the most probable continuations are bland and
+# repetitive, and human text is *not* the most probable text under a language model. That is why chat models and
+# story generators sample, with a temperature and a nucleus.
+
+# %% [markdown]
+# ## 8. Scale: GPT-2 and GPT-3
+#
+# The models of the literature are this chapter's model, larger. GPT-2 small (Radford et al., 2019): 12 blocks,
+# $d_\text{model} = 768$, 12 heads, 1,024 positions and GPT-2's byte-level BPE of 50,257 tokens. Built on PyTorch's
+# `meta` device, its weights take no memory, and it can be counted:
+
+# %%
+gpt2 = configs.gpt2_small(device="meta")
+count = lambda module: sum(p.numel() for p in module.parameters())  # noqa: E731
+print(f"GPT-2 small: {count(gpt2):,} parameters")
+print(f"  token embedding {gpt2.token_embedding.weight.shape[0]:,} x {gpt2.token_embedding.weight.shape[1]} = "
+      f"{gpt2.token_embedding.weight.numel():,} (also the output layer: tied)")
+print(f"  positions       {gpt2.positions.embedding.weight.shape[0]:,} x 768 = {gpt2.positions.embedding.weight.numel():,}")
+print(f"  12 blocks       {count(gpt2.blocks):,}   final LayerNorm {count(gpt2.ln_f):,}")
+
+# %% [markdown]
+# 124,439,808: the size of OpenAI's released checkpoint, named "124M" (the paper's table rounds the smallest model
+# to 117M). Without weight tying the output layer would add another 38.6M.
+#
+# Where do a block's parameters live? Attention has four $d \times d$ matrices ($W^Q, W^K, W^V, W^O$), the MLP two
+# of $d \times 4d$: $4d^2 + 8d^2 = 12 d^2$ per block, plus biases and LayerNorms, which grow only like $d$. So a
+# stack of $L$ blocks holds about $12 L d^2$ parameters. GPT-3 (Brown et al., 2020, Table 2.1) has
+# $L = 96$ blocks of $d_\text{model} = 12{,}288$, 96 heads, a context of 2,048 tokens, and the same 50,257 tokens:
+
+# %%
+L_gpt3, d_gpt3 = 96, 12288
+print(f"12 L d^2 = 12 x {L_gpt3} x {d_gpt3:,}^2 = {12 * L_gpt3 * d_gpt3 ** 2:,}")
+with torch.device("meta"):  # shapes only: 175 billion float32 weights would need 700 GB
+    gpt3 = GPT(GPTConfig(vocab_size=50257, max_len=2048, d_model=d_gpt3, n_heads=96, n_layers=L_gpt3))
+print(f"the whole model, embeddings, biases and LayerNorms included: {count(gpt3):,}")
+print(f"published: 175.0 billion; recomputed: {count(gpt3) / 1e9:.1f} billion")
+
+# %% [markdown]
+# The formula alone gives 173.9 billion; the embeddings add 0.6 billion, and the total, 174.6 billion, is the
+# published "175B" to the rounding. (GPT-3 alternates dense attention with locally banded sparse attention,
+# chapter 11's subject, which changes which keys a query sees but not the number of weights.) GPT-3 was trained on
+# 300 billion tokens; our character model has 236,832 parameters and saw 409,600 characters.
+
+# %% [markdown]
+# ## 9. Few-shot prompting
+#
+# GPT-3's paper is titled "Language Models are Few-Shot Learners". Its finding: a large enough language model can
+# do a task it was never trained for, **without any change to its weights**, if the prompt shows it the task. The
+# prompt is ordinary text: an instruction, a few solved examples, then the new case, and the model's most
+# probable continuation is the answer. The paper's own illustration is translation:
+
+# %%
+few_shot = ("Translate English to French:\n"
+            "sea otter => loutre de mer\n"
+            "peppermint => menthe poivrée\n"
+            "plush giraffe => girafe peluche\n"
+            "cheese =>")
+print(few_shot)
+
+# %% [markdown]
+# With no solved example this is **zero-shot**, with one **one-shot**, with several **few-shot**; the paper
+# calls the whole phenomenon **in-context learning**. It grows with scale: in the paper's experiments the gap
+# between zero-shot and few-shot accuracy widens as models grow from 125 million to 175 billion parameters.
+# And it is uneven: Prince (section 12.7) notes that performance is erratic, and that it is not clear whether
+# the model generalises from the examples or interpolates between things it has seen.
+#
+# Our model has 236,832 parameters and has read a quarter of a megabyte of Python documentation, about one and a
+# half times. It cannot do this, and there is no point pretending. Asked to continue the end of the prompt
+# greedily, it writes a loop of characters it saw in the help pages' tables, not French:
+
+# %%
+few_shot_ids = chars.encode(few_shot[-CONTEXT // 2:])[None]  # the last 16 characters fit its context
+continuation = generate_long(char_model, few_shot_ids, 40, choose=lambda logits: logits.argmax(dim=-1))
+print(repr(chars.decode(continuation[0, few_shot_ids.shape[1]:])))
+
+# %% [markdown]
+# ## 10. Three families
+#
+# The Transformer of 2017 was an encoder and a decoder. Chapters 09 and 10 kept one half each, and the three
+# resulting families cover most of what is built today. What separates them is which positions may attend to
+# which, and what they are trained to predict:
+#
+# * **Encoder-decoder** (the original Transformer; T5): the encoder reads the whole input with full attention,
+#   the decoder writes the output causally and reads the encoder through cross-attention. For tasks that map one
+#   text to another: translation, summarising.
+# * **Encoder-only** (BERT): full attention, every token sees every token; trained to fill in masked tokens. It
+#   produces representations for understanding tasks (classification, tagging, span extraction), but does not
+#   generate text left to right.
+# * **Decoder-only** (GPT): causal attention only; trained to predict the next token everywhere. It generates,
+#   and with prompting it can be turned to many tasks, translation included, by putting the input in the prompt.
+
+# %%
+fig = draw_three_families()
+plt.show()
+
+# %% [markdown]
+# ## Summary
+#
+# * A language model is a next-token predictor: by the **chain rule**, $P(x_1..x_T) = \prod_t P(x_t \mid x_{<t})$,
+#   and log-probabilities turn the product into a sum.
+# * GPT is a stack of **masked self-attention** blocks. With the causal mask, one forward pass over a window makes
+#   a prediction at every position, and **every position is a training example** with the targets shifted by one:
+#   `logits[:, :-1]` against `tokens[:, 1:]`, the last prediction left out.
+# * Losses mean something only against **baselines**: on the course text a unigram model scores 3.30 nats per
+#   character and a bigram model 2.42; the character GPT, trained here for 400 steps, 1.91.
+# * **Nats, bits, perplexity**: bits = nats / ln 2, perplexity = $e^{\text{nats}}$. Across tokenizers, compare **per
+#   character**: the BPE GPT's 3.23 nats per token is 1.51 nats per character, better than the character model at
+#   equal steps, though its per-token perplexity (25.3 against 6.7) looks far worse.
+# * **Generation**: greedy (with a key/value cache, identical tokens to the uncached run) loops; temperature
+#   reshapes the distribution *before* the softmax; top-k keeps $k$ tokens, top-p the smallest nucleus with mass
+#   $\ge p$ (the crossing token kept); beam search finds more probable but blander text.
+# * **Scale**: GPT-2 small has 124,439,808 parameters; $12 L d^2$ with GPT-3's 96 blocks of 12,288 gives 173.9
+#   billion, 174.6 billion with the embeddings: the published 175B. Few-shot prompting is a property of such scale,
+#   not of small models.
+#
+# ## What's next
+#
+# Attention compares every position with every other, so its cost grows with the square of the context: our
+# model's 32 positions are cheap, GPT-3's 2,048 are not, and a book is out of reach. Chapter 11, **long
+# sequences**, measures that cost and the ways around it: sliding windows, dilated and global attention, linear
+# attention, and the memory-saving trick behind FlashAttention.
+
+# %% [markdown]
+# ## Where you stand
+#
+# Which of this chapter's exercises pass, as last checked (run the test cells again after a change):
+
+# %%
+exercise_summary(check_next_token_loss, check_bigram_log_probs, check_bits_per_char, check_greedy_generate,
+                 check_temperature_probs, check_top_p_filter)
+
+# %% [markdown]
+# ## Glossary · 术语表
+#
+# | English | 中文 | Meaning |
+# |---|---|---|
+# | language model | 语言模型 | a probability distribution over texts, built from next-token predictions |
+# | autoregressive | 自回归 | each token predicted from the tokens before it, $P(x_t \mid x_{<t})$ |
+# | chain rule | 链式法则 | $P(x_1..x_T) = \prod_t P(x_t \mid x_{<t})$, exact, no approximation |
+# | decoder-only | 仅解码器 | a stack of masked self-attention blocks with no encoder (GPT) |
+# | masked (causal) self-attention | 掩码（因果）自注意力 | position $t$ attends to positions $0..t$ only |
+# | shifted targets | 目标右移（错位一位） | the target of position $t$ is token $t+1$ of the same window |
+# | next-token prediction | 下一词预测 | the training task of a decoder-only model |
+# | unigram / bigram model | 一元 / 二元语法模型 | counts of single tokens / of adjacent pairs: baselines with 0 / 1 token of context |
+# | add-α smoothing | 加α平滑（拉普拉斯平滑） | a pseudo-count added to every count, so nothing has probability 0 |
+# | nats / bits per character | 每字符奈特 / 比特 | cross-entropy per character with $\ln$ / $\log_2$; bits = nats / ln 2 |
+# | perplexity | 困惑度 | $e^{\text{loss}}$: the number of equally likely choices; per token, so tokenizer-dependent |
+# | greedy decoding | 贪心解码 | always the most probable next token |
+# | temperature | 温度 | softmax(logits / T): T < 1 sharper, T > 1 flatter |
+# | top-k sampling | Top-k 采样 | draw only among the k most probable tokens |
+# | nucleus (top-p) sampling | 核采样（Top-p 采样） | draw among the smallest set of top tokens with mass ≥ p |
+# | beam search | 束搜索 | keep the best few partial sequences at every step |
+# | key/value cache | 键值缓存（KV 缓存） | keys and values of earlier tokens, kept so each step feeds one token |
+# | weight tying | 权重共享（绑定） | the output layer reuses the token embedding matrix |
+# | few-shot / in-context learning | 少样本 / 上下文学习 | a task shown by examples in the prompt, no weight update |
