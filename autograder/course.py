@@ -1,28 +1,35 @@
 """The instructor's commands: release the chapters, grade every submission.
 
     python autograder/course.py release [CHAPTER ...]
-    python autograder/course.py grade [--root DIR] [--cell-timeout S]
+    python autograder/course.py grade [--root DIR] [--cell-timeout S] [--jobs N] [--scheduler ADDRESS]
 
-Both drive real nbgrader (generate_assignment, autograde, generate_feedback, export)
-with the configuration in autograder/nbgrader_config.py. `grade` adds two things
-nbgrader does not do:
+Both drive real nbgrader (generate_assignment, autograde, generate_feedback, export). `grade`
+treats every submission as hostile:
 
-* an independent check of every checker-based test: the learner's code runs again in a
-  locked-down process (autograder/sandbox_runner.py) that only records outputs; they are
-  judged here, in the grader's own process, so code that patches a checker inside the
-  notebook's kernel gains nothing;
-* a report that says why a cell scored zero when nbgrader would leave it blank (a deleted
-  test cell, an unreadable notebook), instead of a silent gap.
+* one job per submission and chapter (autograder/jobs.py), run in parallel on this machine's
+  cores (`--jobs`) or on a Dask cluster (`--scheduler tcp://host:8786`), the same code either
+  way; this process alone writes the gradebook, grades.csv, report.csv and the feedback pages;
+* in a job, submitted code runs only in the sandbox of autograder/isolation.py (bubblewrap:
+  unprivileged, no network, nothing of the course visible, limits, its own PID namespace), both
+  in nbgrader's kernel and in the independent check, and without the reference implementations
+  of the functions being graded (autograder/hiding.py);
+* scores of checker-based tests come only from the independent check, judged by the grader on
+  outputs read back defensively; answers that use the reference or a forbidden API score 0 for
+  that test (autograder/policy.py);
+* a report that says why a cell scored zero (a deleted test cell, an unreadable notebook, a
+  hang, a dead kernel, a malformed outputs file, the policy), instead of a silent gap.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import concurrent.futures
+import contextlib
 import csv
 import json
 import os
-import shutil
+import re
 import subprocess
 import sys
 import tempfile
@@ -31,6 +38,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
 
 
 # -- the course on disk ---------------------------------------------------------------
@@ -194,102 +202,132 @@ def answer_cells(course: Course, chapter: str) -> dict[str, str]:
     return answers
 
 
-# -- the independent check ---------------------------------------------------------------
+# -- a chapter's kit: what every job of the chapter needs, from the grader's own sources -----------
 
 
-def _limit_resources(cpu_seconds: int, memory_bytes: int):
-    def apply():
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-        os.setsid()
-
-    return apply
+HIDDEN_REGION = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?^[ \t]*### END HIDDEN TESTS[ \t]*\n?", re.S | re.M)
 
 
-# Run as root (CI, containers): new network and mount namespaces; inside, the scratch
-# folder is bound onto itself and everything else is remounted read-only, so the learner's
-# code can write nowhere but its scratch folder (never the gradebook) and reach no network.
-_READ_ONLY_ROOT = 'mount --bind "$0" "$0" && mount -o remount,bind,ro / && exec "$@"'
+def hidden_lines(test_source: str) -> list[str]:
+    lines = []
+    for region in re.findall(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", test_source, re.S):
+        lines += [line.strip() for line in region.splitlines() if line.strip()]
+    return lines
 
 
-def _isolation(scratch: Path) -> list[str]:
-    """The command prefix that isolates the sandbox, as far as this machine allows."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return []
-    full = [unshare, "-n", "-m", "--propagation", "private", "sh", "-c", _READ_ONLY_ROOT, str(scratch)]
-    if subprocess.run([*full, "true"], capture_output=True).returncode == 0:
-        return full
-    if subprocess.run([unshare, "-rn", "true"], capture_output=True).returncode == 0:
-        return [unshare, "-rn"]  # an unprivileged user: no network, at least
-    return []
+def _template_config(root: Path) -> str:
+    return "\n".join([
+        "c = get_config()  # noqa: F821",
+        f"c.CourseDirectory.root = {str(root)!r}",
+        "c.CourseDirectory.course_id = 'transformer-course'",
+        "c.CourseDirectory.source_directory = 'source'",
+        "c.CourseDirectory.release_directory = 'release'",
+        f"c.CourseDirectory.db_url = {'sqlite:///' + str(root / 'gradebook.db')!r}",
+        "c.CourseDirectory.ignore = ['.ipynb_checkpoints', '*.pyc', '__pycache__', 'feedback', '*.py', 'jupytext.toml']",
+        "c.ClearHiddenTests.enforce_metadata = False",
+        "c.ClearOutput.enabled = True",
+    ]) + "\n"
 
 
-def run_sandbox(notebook: Path, tests: dict[str, list[CheckerCall]], cell_timeout: int) -> tuple[dict, str]:
-    """Run the notebook's code in a locked-down process; return (outputs per grade_id, problem)."""
-    import torch
+def build_kit(course: Course, chapter: str) -> "jobs.ChapterKit":
+    """Everything a job of `chapter` needs, made from solutions/ by the grader: the tests and their
+    checker calls, the release's skeleton and a gradebook that holds no solution and, for
+    checker-based tests, no hidden test source (the independent check runs those; the kernel never
+    sees them)."""
+    import sqlite3
 
-    with tempfile.TemporaryDirectory(prefix="course-sandbox-") as scratch:
-        scratch = Path(scratch)
-        plan = {
-            "cell_timeout": cell_timeout,
-            "tests": [
-                {"grade_id": gid, "calls": [{"checker": c.checker, "function": c.function, "hidden": c.hidden} for c in calls]}
-                for gid, calls in tests.items()
-            ],
-        }
-        (scratch / "plan.json").write_text(json.dumps(plan))
-        shutil.copy(notebook, scratch / "submission.ipynb")
-        if os.getuid() == 0:  # the runner drops to `nobody`, whose only writable folder is this one
-            for path in [scratch, *scratch.iterdir()]:
-                os.chown(path, 65534, 65534)
-        outputs_path = scratch / "outputs.pt"
-        env = {
-            "PATH": os.defpath,
-            "HOME": str(scratch),
-            "MPLBACKEND": "Agg",
-            "MPLCONFIGDIR": str(scratch / ".mpl"),
-            "PYTHONHASHSEED": "0",
-            "OMP_NUM_THREADS": "1",
-        }
-        wall = cell_timeout * (len(tests) + 4) + 60
-        try:
-            proc = subprocess.run(
-                [*_isolation(scratch), sys.executable, "-I", str(HERE / "sandbox_runner.py"),
-                 "submission.ipynb", "plan.json", str(outputs_path)],
-                cwd=scratch, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                timeout=wall, preexec_fn=_limit_resources(wall, 16 * 2**30),
-            )
-        except subprocess.TimeoutExpired:
-            return {}, f"the independent check ran past its {wall} s limit"
-        if not outputs_path.exists():
-            tail = (proc.stderr or proc.stdout)[-400:].strip()
-            return {}, f"the independent check produced no outputs (exit {proc.returncode}): {tail}"
-        return torch.load(outputs_path, weights_only=True), ""
-
-
-def judge_tests(tests: dict[str, list[CheckerCall]], outputs: dict, problem: str) -> dict[str, str]:
-    """grade_id -> why it fails, for every test cell the independent check rejects."""
+    import nbformat
+    from nbgrader.utils import compute_checksum
     from transformer_lib.checks import get_checker
 
-    failures = {}
-    for grade_id, calls in tests.items():
-        recorded = outputs.get(grade_id)
-        if recorded is None or len(recorded) != len(calls):
-            failures[grade_id] = problem or "the independent check never reached this test"
+    import hiding
+    import jobs
+    import policy
+    import sanitize
+
+    solution = nbformat.read(course.solutions / chapter / f"{chapter}.ipynb", as_version=4)
+    answers = answer_cells(course, chapter)
+    tests: list[jobs.TestPlan] = []
+    full_sources: dict[str, str] = {}
+    secrets: set[str] = set()
+    hidden_names: set[str] = set()
+    hidden_cases: dict[str, list[tuple[str, str]]] = {}
+    for cell in solution.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if not (meta.get("grade") and not meta.get("solution") and cell.cell_type == "code"):
             continue
-        for call, outs in zip(calls, recorded):
+        calls = checker_calls(cell.source)
+        full_sources[meta["grade_id"]] = cell.source
+        secrets.update(hidden_lines(cell.source))
+        hidden, forbidden, names = [], [], []
+        for call in calls:
             checker = get_checker(call.checker)
-            if isinstance(outs, dict):  # an error before any case ran (missing name, timeout)
-                failures[grade_id] = f"{checker.name}: {outs.get('__error__', 'no outputs')}"
-                break
-            verdict = checker.judge(outs, call.hidden)
-            if not verdict.passed:
-                failures[grade_id] = verdict.message
-                break
-    return failures
+            refs, problems = hiding.references_of(checker)
+            hidden += [(h.module, h.name) for h in refs]
+            forbidden += policy.forbidden_for(checker)
+            names.append(call.checker)
+            cases = [(c.describe(), c.name) for c in checker.cases(hidden=True) if c.hidden]
+            hidden_cases[checker.name] = cases
+            secrets.update(d for d, _ in cases)
+            hidden_names.update(n for _, n in cases if len(n) >= 10 or " " in n)
+        if calls:  # the grader runs these itself: the kernel gets the visible part only
+            cell.source = HIDDEN_REGION.sub("", cell.source).rstrip("\n")
+        tests.append(jobs.TestPlan(
+            grade_id=meta["grade_id"], points=float(meta.get("points", 0)), answer_id=answers.get(meta["grade_id"]),
+            calls=[{"checker": c.checker, "function": c.function, "hidden": c.hidden} for c in calls],
+            hidden=sorted(set(hidden)), forbidden=list(dict.fromkeys(forbidden)), checker_names=sorted(set(names))))
+
+    with tempfile.TemporaryDirectory(prefix="course-kit-") as tmp:
+        root = Path(tmp)
+        (root / "source" / chapter).mkdir(parents=True)
+        nbformat.write(solution, root / "source" / chapter / f"{chapter}.ipynb")
+        (root / "nbgrader_config.py").write_text(_template_config(root))
+        env = dict(os.environ, JUPYTER_CONFIG_PATH=str(root), JUPYTER_CONFIG_DIR=str(root / ".jupyter"),
+                   PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+        proc = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", chapter, "--force"],
+                              cwd=root, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"nbgrader generate_assignment {chapter} (grading copy) failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        release_nb = nbformat.read(root / "release" / chapter / f"{chapter}.ipynb", as_version=4)
+        gradebook = (root / "gradebook.db").read_bytes()
+        db = sqlite3.connect(root / "gradebook.db")
+        try:
+            stored = {name: (source, checksum, ctype) for name, source, checksum, ctype in db.execute(
+                "SELECT name, source, checksum, cell_type FROM source_cell")}
+        finally:
+            db.close()
+
+    visible_names = {c.name for t in tests for call in t.calls
+                     for c in get_checker(call["checker"]).cases(hidden=True) if not c.hidden}
+    secrets.update(hidden_names - visible_names)
+    templates = []
+    test_ids = {t.grade_id for t in tests}
+    for cell in release_nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        gid = meta.get("grade_id")
+        if not gid:
+            continue
+        metadata = json.loads(json.dumps(cell.metadata))
+        source, checksum, ctype = stored.get(gid, (cell.source, meta.get("checksum"), cell.cell_type))
+        kind = "test" if gid in test_ids else ("answer" if meta.get("solution") else "other")
+        if kind != "answer":
+            metadata["nbgrader"]["checksum"] = checksum
+            probe = nbformat.from_dict({"cell_type": ctype, "source": source, "metadata": metadata})
+            if compute_checksum(probe) != checksum:
+                raise RuntimeError(f"{chapter}: the grading copy of cell {gid} does not match nbgrader's checksum")
+        untouched = (cell.source, full_sources.get(gid, cell.source)) if kind == "test" else ()
+        templates.append(sanitize.Template(gid, ctype, source, metadata, kind, untouched))
+    code = [c.source for c in release_nb.cells if c.cell_type == "code"]
+    from feedback import markdown_digest
+
+    return jobs.ChapterKit(
+        chapter=chapter, course_id="transformer-course", templates=templates,
+        notebook_metadata=json.loads(json.dumps(release_nb.metadata)),
+        release_code=sorted({c.strip() for c in code}),
+        release_lines=sorted({line.strip() for c in code for line in c.splitlines() if line.strip()}),
+        release_markdown=sorted({markdown_digest(c.source) for c in release_nb.cells if c.cell_type == "markdown"}),
+        tests=tests, gradebook=gradebook, secrets=sorted(s for s in secrets if len(s) >= 6),
+        hidden_cases=hidden_cases)
 
 
 # -- grading --------------------------------------------------------------------------------
@@ -299,108 +337,231 @@ def judge_tests(tests: dict[str, list[CheckerCall]], outputs: dict, problem: str
 class Report:
     scores: dict = field(default_factory=dict)  # (student, chapter) -> (score, max)
     notes: dict = field(default_factory=dict)  # (student, chapter) -> [str]
+    isolation: str = ""
+    guarantees: dict = field(default_factory=dict)  # what a probe inside a sandbox found: name -> (held, detail)
+    seconds: dict = field(default_factory=dict)  # (student, chapter) -> seconds the job took
 
     def note(self, student: str, chapter: str, text: str) -> None:
         self.notes.setdefault((student, chapter), []).append(text)
 
 
-def _graded_cell_ids(notebook: Path) -> set[str]:
-    import nbformat
+def default_jobs() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
 
-    nb = nbformat.read(notebook, as_version=4)
-    return {c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")}
+
+@contextlib.contextmanager
+def executor(jobs: int | None = None, scheduler=None):
+    """Where grading jobs run: threads here (each job's work is in its own processes), or a Dask
+    cluster when `scheduler` is an address or a distributed.Client. Either way a
+    concurrent.futures.Executor: one code path submits the jobs and collects the results."""
+    if scheduler is None:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or default_jobs(),
+                                                   thread_name_prefix="grading-job") as pool:
+            yield pool
+        return
+    from distributed import Client
+
+    client = scheduler if isinstance(scheduler, Client) else Client(scheduler)
+    try:
+        _ship_code(client)
+        yield client.get_executor(pure=False)
+    finally:
+        if client is not scheduler:
+            client.close()
 
 
-def _set_zero(gb, grade_id: str, chapter: str, student: str, why: str, answer_id: str | None) -> None:
-    """Score a test cell 0, and say why in a comment on its answer cell, which the feedback shows."""
-    grade = gb.find_grade(grade_id, chapter, chapter, student)
-    grade.manual_score = 0.0
-    grade.needs_manual_grade = False
-    if answer_id is not None:
-        comment = gb.find_comment(answer_id, chapter, chapter, student)
-        comment.manual_comment = "\n".join(filter(None, [comment.manual_comment, f"{grade_id}: {why}"]))
+GRADER_MODULES = ["isolation", "hiding", "policy", "sanitize", "feedback", "sandboxed_kernel", "sandbox_runner", "jobs"]
+
+
+def _importable() -> bool:
+    import importlib
+
+    try:
+        for name in GRADER_MODULES:
+            importlib.import_module(name)
+        return True
+    except ImportError:
+        return False
+
+
+def _ship_code(client) -> None:
+    """Workers that cannot import the grader's modules get them (in dependency order)."""
+    if all(client.run(_importable).values()):
+        return
+    for name in GRADER_MODULES:
+        client.upload_file(str(HERE / f"{name}.py"))
+
+
+def grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, scheduler=None,
+          isolation_mode: str | None = None, limits: dict | None = None, log=None) -> Report:
+    """Grade every submission: one isolated job per submission and chapter, in parallel (or on a
+    Dask cluster); this process alone writes the gradebook, grades.csv, report.csv and feedback."""
+    import isolation
+    import jobs as grading_jobs
+
+    log = log or (lambda text: None)
+    report = Report()
+    iso = isolation.detect(isolation_mode)
+    report.isolation = iso.describe()
+    report.guarantees = _check_isolation(course, iso)
+    chapters = course.chapters()
+    students = course.students()
+    try:
+        submissions = {(s, c): course.submitted / s / c / f"{c}.ipynb" for s in students for c in chapters}
+        for (student, chapter), path in submissions.items():
+            if not path.exists() and (course.submitted / student / chapter).exists():
+                report.note(student, chapter, f"no {chapter}.ipynb in the submission folder")
+        present = {key: path for key, path in submissions.items() if path.is_file()}
+        cache = course.root / "autograder" / ".sandbox" / "libraries"
+        import hiding
+
+        def prepare(chapter):
+            kit = build_kit(course, chapter)
+            sets = [[hiding.Hidden(*h) for h in sorted({h for t in kit.tests for h in t.hidden})]]
+            sets += [[hiding.Hidden(*h) for h in t.hidden] for t in kit.tests if t.calls]
+            hiding.build_copies(cache, sets)  # the library copies, once, before the jobs need them
+            return kit
+
+        # Record the assignments (cells, checksums) in the gradebook without touching chapters/,
+        # while each chapter's kit is built alongside.
+        wanted = [c for c in chapters if any(c == key[1] for key in present)]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs or default_jobs())) as setup:
+            kit_futures = {c: setup.submit(prepare, c) for c in wanted}
+            release(course, chapters, release_dir=os.path.join("autograder", ".release"))
+            kits = {c: f.result() for c, f in kit_futures.items()}
+        specs = []
+        for (student, chapter), path in present.items():
+            try:
+                raw = path.read_bytes() if path.stat().st_size <= 64 * 2**20 else b"\0" * (64 * 2**20 + 1)
+            except OSError as exc:
+                raw = f"unreadable: {exc}".encode()
+            specs.append(grading_jobs.JobSpec(student=student, chapter=chapter, submission=raw, kit=kits[chapter],
+                                              cell_timeout=cell_timeout, limits=limits or {}, cache_dir=str(cache),
+                                              isolation=iso.mode))
+        # Honest work first: order does not change a score, it makes progress easy to follow.
+        held = [name for name, (ok, _) in report.guarantees.items() if ok]
+        missing = [f"{name} ({detail})" for name, (ok, detail) in report.guarantees.items() if not ok]
+        log(f"{report.isolation}\nchecked inside a sandbox: {', '.join(held) or 'nothing'}"
+            + (f"\nWARNING, not given here: {'; '.join(missing)}" if missing else "")
+            + f"\ngrading {len(specs)} submissions with "
+            f"{'the Dask cluster at ' + str(getattr(scheduler, 'scheduler', scheduler)) if scheduler is not None else str(jobs or default_jobs()) + ' parallel jobs'}")
+        from nbgrader.api import Gradebook
+
+        with Gradebook(course.db_url, "transformer-course") as gb, executor(jobs, scheduler) as pool:
+            import warnings
+
+            with warnings.catch_warnings():  # the rows in a fixed order, whatever order the jobs finish in
+                warnings.simplefilter("ignore")
+                for spec in specs:
+                    gb.update_or_create_student(spec.student)
+                    gb.update_or_create_submission(spec.chapter, spec.student)
+            futures = {pool.submit(grading_jobs.grade_job, spec): spec for spec in specs}
+            for done, future in enumerate(concurrent.futures.as_completed(futures), start=1):
+                spec = futures[future]
+                try:
+                    result = future.result()
+                except Exception as exc:  # a lost worker, a pickling error: this submission alone pays
+                    result = {"student": spec.student, "chapter": spec.chapter, "status": "error",
+                              "notes": [f"the grading job failed ({type(exc).__name__}: {str(exc)[:200]}); every test scored 0"],
+                              "scores": {t.grade_id: [0.0, t.points] for t in spec.kit.tests}, "comments": {},
+                              "flags": [], "autograded": None, "feedback": None, "seconds": 0.0}
+                _merge(course, gb, result, report)
+                score, max_score = report.scores[(spec.student, spec.chapter)]
+                parts = ", ".join(f"{k} {v:.0f}" for k, v in result.get("timings", {}).items())
+                log(f"[{done}/{len(specs)}] {spec.student} / {spec.chapter}: {score:g}/{max_score:g} "
+                    f"({result.get('seconds', 0):.0f} s{': ' + parts if parts else ''})")
+            for (student, chapter) in list(report.notes):
+                if (student, chapter) not in report.scores and chapter in chapters:
+                    report.scores[(student, chapter)] = (0.0, gb.find_assignment(chapter).max_score)
+    finally:
+        _export(course, report, chapters, students)
+    return report
+
+
+def _check_isolation(course: Course, iso) -> dict:
+    """Probe a sandbox as the jobs make them: not root, no mount, read-only root, no network, no
+    view of solutions/, the gradebook or the submissions, own PID namespace, children die."""
+    import isolation
+
+    secrets = [str(course.solutions), str(course.root / "autograder" / "gradebook.db"), str(course.submitted)]
+    try:
+        with isolation.job_uid() as uid:
+            return isolation.verify(isolation.SandboxSpec(uid=uid), secrets, iso)
+    except Exception as exc:
+        return {"the probe ran": (False, f"{type(exc).__name__}: {exc}")}
+
+
+def _merge(course: Course, gb, result: dict, report: Report) -> None:
+    """One job's result into the course: gradebook rows, autograded notebook, feedback, report."""
+    import warnings
+
+    student, chapter = result["student"], result["chapter"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SQLAlchemy's autoflush notices from nbgrader's api
+        _merge_rows(gb, result)
+    _merge_files(course, result, report)
+
+
+def _merge_rows(gb, result: dict) -> None:
+    student, chapter = result["student"], result["chapter"]
+    gb.update_or_create_student(student)
+    gb.update_or_create_submission(chapter, student)
+    nb = gb.find_submission_notebook(chapter, chapter, student)
+    scores = result["scores"]
+    for grade in nb.grades:
+        score = scores.get(grade.name, [0.0, None])[0]
+        grade.auto_score = float(score)
+        grade.manual_score = None
+        grade.needs_manual_grade = False
+    for comment in nb.comments:
+        comment.auto_comment = result["comments"].get(comment.name) or None
     gb.db.commit()
 
 
-def grade(course: Course, cell_timeout: int = 120, independent_check: bool = True) -> Report:
-    from nbgrader.api import Gradebook, MissingEntry
+def _merge_files(course: Course, result: dict, report: Report) -> None:
+    student, chapter = result["student"], result["chapter"]
+    scores = result["scores"]
+    for note in result["notes"]:
+        report.note(student, chapter, note)
+    for flag in result.get("flags", []):
+        if flag.startswith("nbgrader:"):
+            report.note(student, chapter, flag)
+    report.scores[(student, chapter)] = (sum(s for s, _ in scores.values()), sum(p for _, p in scores.values()))
+    report.seconds[(student, chapter)] = result.get("seconds", 0.0)
+    if result.get("autograded"):
+        path = course.autograded / student / chapter / f"{chapter}.ipynb"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(result["autograded"])
+    page = course.feedback / student / chapter / f"{chapter}.html"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(result.get("feedback") or _fallback_feedback(result))
 
-    report = Report()
-    chapters = course.chapters()
-    # Record the assignments (cells, checksums) in the gradebook without touching chapters/.
-    release(course, chapters, release_dir=os.path.join("autograder", ".release"))
-    students = course.students()
 
-    unreadable: dict[str, set[str]] = {}
-    missing_cells: dict[tuple[str, str], set[str]] = {}
-    with Gradebook(course.db_url, "transformer-course") as gb:
-        for chapter in chapters:
-            expected = {c.name for c in gb.find_notebook(chapter, chapter).grade_cells}
-            for student in students:
-                path = course.submitted / student / chapter / f"{chapter}.ipynb"
-                if not path.exists():
-                    if (course.submitted / student / chapter).exists():
-                        report.note(student, chapter, f"no {chapter}.ipynb in the submission folder")
-                    continue
-                try:
-                    present = _graded_cell_ids(path)
-                except Exception as exc:
-                    unreadable.setdefault(chapter, set()).add(student)
-                    report.note(student, chapter, f"notebook could not be read ({type(exc).__name__}: {str(exc)[:120]}); scored 0, file left in place")
-                    continue
-                gone = expected - present
-                if gone:
-                    missing_cells[(student, chapter)] = gone
-                    for gid in sorted(gone):
-                        report.note(student, chapter, f"test cell '{gid}' was deleted: scored 0")
+def _fallback_feedback(result: dict) -> str:
+    """A plain page when no feedback could be made (an unreadable notebook, a failed job)."""
+    import html
 
-    for chapter in chapters:
-        takers = [s for s in students if (course.submitted / s / chapter / f"{chapter}.ipynb").exists()]
-        if not any(s not in unreadable.get(chapter, set()) for s in takers):
-            continue
-        exclude = sorted(unreadable.get(chapter, set()))
-        extra = [f"--CourseDirectory.student_id_exclude={','.join(exclude)}"] if exclude else []
-        course.nbgrader("autograde", chapter, "--create", "--force", *extra, cell_timeout=cell_timeout)
+    rows = "".join(f"<tr><td>{html.escape(g)}</td><td>{s:g} / {p:g}</td></tr>" for g, (s, p) in result["scores"].items())
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in result["notes"])
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(result['chapter'])}</title></head>"
+            f"<body><h1>{html.escape(result['chapter'])}</h1><table>{rows}</table><ul>{notes}</ul></body></html>")
 
-    with Gradebook(course.db_url, "transformer-course") as gb:
-        answers = {chapter: answer_cells(course, chapter) for chapter in chapters}
-        for (student, chapter), gone in missing_cells.items():
-            for gid in gone:
-                _set_zero(gb, gid, chapter, student, "this test cell was deleted from the submission: scored 0",
-                          answers[chapter].get(gid))
 
-        if independent_check:
-            for chapter in chapters:
-                tests = {gid: checker_calls(src) for gid, src in original_tests(course, chapter).items()}
-                tests = {gid: calls for gid, calls in tests.items() if calls}
-                for student in students:
-                    autograded = course.autograded / student / chapter / f"{chapter}.ipynb"
-                    if not autograded.exists() or not tests:
-                        continue
-                    outputs, problem = run_sandbox(autograded, tests, cell_timeout)
-                    for gid, why in judge_tests(tests, outputs, problem).items():
-                        grade = gb.find_grade(gid, chapter, chapter, student)
-                        if (grade.score or 0) > 0:
-                            note = f"passed inside the notebook but failed the independent check: {why}; scored 0"
-                            _set_zero(gb, gid, chapter, student, note, answers[chapter].get(gid))
-                            report.note(student, chapter, f"'{gid}' {note}")
-
-        for chapter in chapters:
-            max_score = gb.find_assignment(chapter).max_score
-            for student in students:
-                try:
-                    sub = gb.find_submission(chapter, student)
-                    report.scores[(student, chapter)] = (sub.score, max_score)
-                except MissingEntry:
-                    if (student, chapter) in report.notes:
-                        report.scores[(student, chapter)] = (0.0, max_score)
-
-    for chapter in chapters:
-        if any(course.autograded.joinpath(s, chapter).exists() for s in students):
-            course.nbgrader("generate_feedback", chapter, "--force")
-    course.nbgrader("export", f"--to={course.root / 'autograder' / 'grades.csv'}")
+def _export(course: Course, report: Report, chapters: list[str], students: list[str]) -> None:
+    """grades.csv (nbgrader export) and report.csv, whatever happened before."""
+    try:
+        course.nbgrader("export", f"--to={course.root / 'autograder' / 'grades.csv'}")
+    except Exception as exc:
+        report.note("*", "*", f"nbgrader export failed: {str(exc)[:300]}")
+        with open(course.root / "autograder" / "grades.csv", "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["assignment", "student_id", "score", "max_score"])
+            for (student, chapter), (score, max_score) in sorted(report.scores.items()):
+                writer.writerow([chapter, student, score, max_score])
     _write_report(course, report, chapters, students)
-    return report
 
 
 def _write_report(course: Course, report: Report, chapters: list[str], students: list[str]) -> None:
@@ -444,7 +605,12 @@ def main(argv=None) -> int:
     rel.add_argument("--force", action="store_true", help="overwrite chapters a learner has worked in")
     gr = sub.add_parser("grade", help="autograde autograder/submitted/, write feedback, export grades")
     gr.add_argument("--cell-timeout", type=int, default=int(os.environ.get("COURSE_CELL_TIMEOUT", "120")))
-    gr.add_argument("--no-independent-check", action="store_true", help="trust the in-notebook checks only")
+    gr.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS") or 0) or None,
+                    help="parallel grading jobs on this machine (default: all cores)")
+    gr.add_argument("--scheduler", default=os.environ.get("SCHEDULER") or None,
+                    help="a Dask scheduler address (tcp://host:8786): run the jobs on that cluster")
+    gr.add_argument("--isolation", choices=["auto", "bwrap", "unshare", "rlimits"], default=None,
+                    help="force an isolation mode (default: the strongest this machine allows)")
     args = parser.parse_args(argv)
     course = Course(args.root.resolve())
     if args.command == "release":
@@ -459,8 +625,10 @@ def main(argv=None) -> int:
     if not students:
         print(f"no submissions under {course.submitted}: put them in {course.submitted}/STUDENT/CHAPTER/CHAPTER.ipynb")
         return 0
-    report = grade(course, args.cell_timeout, not args.no_independent_check)
+    report = grade(course, args.cell_timeout, jobs=args.jobs, scheduler=args.scheduler,
+                   isolation_mode=args.isolation, log=lambda text: print(text, flush=True))
     print(format_table(report, course.chapters(), students))
+    print(f"\n{report.isolation}")
     print(f"\nfeedback: {course.feedback}/STUDENT/CHAPTER/*.html")
     print(f"grades:   {course.root / 'autograder' / 'grades.csv'} (nbgrader export), {course.root / 'autograder' / 'report.csv'} (with notes)")
     return 0

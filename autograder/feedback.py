@@ -1,19 +1,142 @@
-"""A feedback preprocessor: tracebacks in test cells shrink to their last line.
+"""Feedback preprocessors: what a student's feedback page may show.
 
-nbgrader's feedback shows each test cell's outputs. A traceback through a test cell
-quotes the failing source lines, hidden tests included, so ClearHiddenTests alone
-is not enough. The learner keeps what matters: the exception and its message (for
-the course's checkers, the diagnosis of the mistake).
+nbgrader's feedback shows each cell with its outputs. The grader's own pipeline adds, in order:
+
+* ShortenTestTracebacks: a traceback through a test cell quotes the failing source lines,
+  hidden tests included, so it shrinks to its last line.
+* GraderVerdicts: a test cell shows the grader's verdict (from the independent check), never
+  what ran in the notebook's kernel: text the learner's own code printed while a test cell ran
+  (a `pre_run_cell` hook that prints the cell's source, say) never reaches the page.
+* SafeOutputs: only the learner's answer cells keep their outputs, and only as text (stream and
+  error text, which the HTML exporter escapes, and text/plain) or PNG/JPEG images; HTML,
+  Markdown, JavaScript, SVG and LaTeX outputs are dropped. Outputs of the other cells are left
+  out (they ran without the library's reference answers, so they say little). Markdown the
+  learner wrote (any markdown cell that is not the release's own) is shown as escaped text.
+* ScrubHidden: any remaining text that quotes a hidden test line or names a hidden case is
+  replaced by "[hidden]".
+
+The course configuration also sets HTMLExporter.sanitize_html, so what is rendered as HTML is
+sanitised a second time.
 """
 
+from __future__ import annotations
+
+import hashlib
+import html
+
+from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import NbGraderPreprocessor
+from traitlets import List, Unicode
+
+GRADING_KEY = "course_grading"  # cell metadata the grader writes into its autograded notebooks
+TEXT_MIME = "text/plain"
+IMAGE_MIME = ("image/png", "image/jpeg")
+MAX_IMAGE_CHARS = 2 * 2**20
+
+
+def _is_test(cell) -> bool:
+    meta = cell.metadata.get("nbgrader", {})
+    return cell.cell_type == "code" and bool(meta.get("grade")) and not meta.get("solution")
+
+
+def _is_answer(cell) -> bool:
+    return bool(cell.metadata.get("nbgrader", {}).get("solution"))
+
+
+def markdown_digest(source: str) -> str:
+    return hashlib.sha256(source.strip().encode()).hexdigest()
 
 
 class ShortenTestTracebacks(NbGraderPreprocessor):
     def preprocess_cell(self, cell, resources, index):
-        meta = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
+        if _is_test(cell):
             for output in cell.get("outputs", []):
                 if output.get("output_type") == "error":
                     output["traceback"] = [f"{output.get('ename', 'Error')}: {output.get('evalue', '')}"]
+        return cell, resources
+
+
+class GraderVerdicts(NbGraderPreprocessor):
+    """A test cell's outputs become the grader's verdict for it."""
+
+    missing = Unicode("This test was not graded by the course's grader.").tag(config=True)
+
+    def preprocess_cell(self, cell, resources, index):
+        if _is_test(cell):
+            verdict = cell.metadata.get(GRADING_KEY, {}).get("verdict") or self.missing
+            cell.outputs = [NotebookNode(output_type="stream", name="stdout", text=str(verdict) + "\n")]
+            cell.execution_count = None
+        return cell, resources
+
+
+class SafeOutputs(NbGraderPreprocessor):
+    """Keep only text (and PNG/JPEG) outputs of answer cells; escape the learner's markdown."""
+
+    trusted_markdown = List(Unicode(), help="sha256 of the release's own markdown cells (rendered as they are)").tag(config=True)
+    banner = Unicode(
+        "**Feedback from the course's grader.** Each test cell shows the grader's verdict; answer cells keep "
+        "their text output. Outputs of the other cells are not shown: the grader ran your notebook without "
+        "the library's reference answers.").tag(config=True)
+
+    def preprocess(self, nb, resources):
+        nb, resources = super().preprocess(nb, resources)
+        if self.banner:
+            nb.cells.insert(0, NotebookNode(cell_type="markdown", metadata={}, source=self.banner, id="grader-banner"))
+        return nb, resources
+
+    def preprocess_cell(self, cell, resources, index):
+        if cell.cell_type == "markdown":
+            if markdown_digest(cell.source) not in set(self.trusted_markdown) and not cell.metadata.get("nbgrader", {}).get("locked"):
+                cell.source = "<pre>" + html.escape(cell.source) + "</pre>"
+                cell.attachments = {}
+            return cell, resources
+        if cell.cell_type == "raw":
+            cell.source = ""
+            return cell, resources
+        if cell.cell_type != "code" or _is_test(cell):
+            return cell, resources
+        if not _is_answer(cell):
+            cell.outputs = []
+            return cell, resources
+        kept = []
+        for output in cell.get("outputs", []):
+            kind = output.get("output_type")
+            if kind in ("stream", "error"):
+                kept.append(output)
+            elif kind in ("display_data", "execute_result"):
+                data = {k: v for k, v in output.get("data", {}).items()
+                        if k == TEXT_MIME or (k in IMAGE_MIME and isinstance(v, str) and len(v) <= MAX_IMAGE_CHARS)}
+                if data:
+                    output["data"] = data
+                    output["metadata"] = {}
+                    kept.append(output)
+        cell.outputs = kept
+        return cell, resources
+
+
+class ScrubHidden(NbGraderPreprocessor):
+    """Replace quotes of hidden tests (lines, case names) anywhere on the page."""
+
+    secrets = List(Unicode(), help="text that must not appear in feedback").tag(config=True)
+
+    def _scrub(self, text):
+        if not isinstance(text, str):
+            return text
+        for secret in sorted(set(self.secrets), key=len, reverse=True):
+            if secret and secret in text:
+                text = text.replace(secret, "[hidden]")
+        return text
+
+    def preprocess_cell(self, cell, resources, index):
+        cell.source = self._scrub(cell.source)
+        for output in cell.get("outputs", []):
+            if "text" in output:
+                output["text"] = self._scrub(output["text"])
+            if "evalue" in output:
+                output["evalue"] = self._scrub(output["evalue"])
+            if "traceback" in output:
+                output["traceback"] = [self._scrub(line) for line in output["traceback"]]
+            for key, value in list(output.get("data", {}).items()):
+                if isinstance(value, str) and not key.startswith("image/"):
+                    output["data"][key] = self._scrub(value)
         return cell, resources

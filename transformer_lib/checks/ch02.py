@@ -314,6 +314,17 @@ def _softmax_whole_tensor_sum(x):
     return e / e.sum()
 
 
+# What the softmax exercise may not call: every way PyTorch offers a softmax, at the Python API
+# and at the operator level (so an alias or a method reaching the same kernel is seen too).
+SOFTMAX_APIS = (
+    "torch.softmax", "torch.nn.functional.softmax", "torch.Tensor.softmax", "torch.special.softmax",
+    "torch.nn.Softmax", "torch.log_softmax", "torch.nn.functional.log_softmax", "torch.Tensor.log_softmax",
+    "torch.special.log_softmax", "torch.nn.LogSoftmax",
+    "aten._softmax", "aten.softmax", "aten._log_softmax", "aten.log_softmax", "aten.special_softmax",
+    "aten._safe_softmax",
+)
+
+
 def _softmax_global_max(x):
     e = (x - x.max()).exp()
     return e / e.sum(dim=-1, keepdim=True)
@@ -323,6 +334,7 @@ check_softmax = Checker(
     name="softmax",
     reference=softmax,
     make_cases=_softmax_cases,
+    forbidden=SOFTMAX_APIS,
     mistakes=[
         Mistake(
             "softmax taken over the first dimension (dim=0) instead of the last",
