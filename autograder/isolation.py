@@ -170,16 +170,19 @@ def _bwrap_argv(spec: SandboxSpec, as_root: bool, passwd_fd: int | None) -> list
     else:
         argv += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY)] + (["--disable-userns"] if recent else [])
     argv += _system_binds()
-    made: set[str] = set()
-    for root in _python_roots():
-        argv += _parents(root, made) + ["--ro-bind", root, root]
-    for src, dest in spec.read_only:
-        argv += _parents(dest, made) + ["--ro-bind", src, dest]
+    # The private /tmp comes before the binds: a course or virtual environment that lives under
+    # the host's /tmp (a CI clone, pytest's scratch courses) is then bound on top of it instead
+    # of being hidden under it.
     shm_size = ["--size", str(spec.limits.shm_size)] if recent else []
     tmp_size = ["--size", str(spec.limits.tmp_size)] if recent else []
     argv += ["--proc", "/proc", "--dev", "/dev",
              "--perms", "1777", *shm_size, "--tmpfs", "/dev/shm",
              "--perms", "1777", *tmp_size, "--tmpfs", SANDBOX_TMP]
+    made: set[str] = set()
+    for root in _python_roots():
+        argv += _parents(root, made) + ["--ro-bind", root, root]
+    for src, dest in spec.read_only:
+        argv += _parents(dest, made) + ["--ro-bind", src, dest]
     for src, dest in spec.read_write:
         argv += _parents(dest, made) + ["--bind", src, dest]
     if passwd_fd is not None:
