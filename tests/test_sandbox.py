@@ -117,6 +117,25 @@ def test_limits_apply_inside(tmp_path):
     assert json.loads(out.stdout) == [2 * 2**30, 2**20, 64, 0], out.stderr
 
 
+def test_folders_bound_from_under_the_hosts_tmp_stay_visible(tmp_path):
+    """A fresh clone under /tmp (its .venv, its transformer_lib) is bound into a sandbox whose own
+    /tmp is private: the binds must land on top of that private /tmp, not under it."""
+    iso = isolation.detect()
+    if iso.mode != "bubblewrap":
+        pytest.skip(f"only bubblewrap binds folders ({iso.mode} isolation here)")
+    assert str(tmp_path).startswith("/tmp/"), tmp_path
+    (tmp_path / "course").mkdir()
+    (tmp_path / "course" / "seen.txt").write_text("seen")
+    (tmp_path / "secret.txt").write_text("secret")
+    with isolation.job_uid() as uid:
+        spec = isolation.SandboxSpec(uid=uid, read_only=[(str(tmp_path / "course"), str(tmp_path / "course"))])
+        code = (f"import os\nprint(open({str(tmp_path / 'course' / 'seen.txt')!r}).read(), "
+                f"os.path.exists({str(tmp_path / 'secret.txt')!r}))")
+        out = subprocess.run(isolation.wrap(spec, [isolation.python_executable(), "-I", "-c", code], iso),
+                             cwd=isolation.host_cwd(spec, iso), capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["seen", "False"], out.stderr
+
+
 # -- the library without the references being graded -----------------------------------------------
 
 
