@@ -105,9 +105,18 @@ def _cell_scores(course, student):
         return {g.name: g.score for g in nb.grades}
 
 
+# The isolation guarantee (isolation.verify's name) each probing submission relies on: where the
+# machine could not give it (a fallback isolation), the case says so and is not judged.
+NEEDS = {"network": ["no network"], "read_secrets": ["secrets hidden", "no other environment"],
+         "write_course": ["read-only root"], "sleep_children": ["children die"]}
+
+
 @pytest.mark.parametrize("student", sorted(CASES))
 def test_each_submission_scores_as_expected_with_its_note(graded, student):
     case = CASES[student]
+    missing = [g for g in NEEDS.get(student, []) if not graded.report.guarantees.get(g, (False, ""))[0]]
+    if missing:
+        pytest.skip(f"{case.attack}: not checked, this machine's isolation does not give {missing}")
     scores = _cell_scores(graded.course, student)
     assert scores == case.scores, f"{case.attack}: {graded.report.notes.get((student, CHAPTER))}"
     assert graded.report.scores[(student, CHAPTER)] == (case.total, 8.0)
