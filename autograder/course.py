@@ -627,7 +627,8 @@ def main(argv=None) -> int:
         return 0
     report = grade(course, args.cell_timeout, jobs=args.jobs, scheduler=args.scheduler,
                    isolation_mode=args.isolation, log=lambda text: print(text, flush=True))
-    print(format_table(report, course.chapters(), students))
+    graded = [c for c in course.chapters() if any((s, c) in report.scores for s in students)]
+    print(format_table(report, graded, students))  # the chapters someone submitted, not all twelve
     print(f"\n{report.isolation}")
     print(f"\nfeedback: {course.feedback}/STUDENT/CHAPTER/*.html")
     print(f"grades:   {course.root / 'autograder' / 'grades.csv'} (nbgrader export), {course.root / 'autograder' / 'report.csv'} (with notes)")

@@ -14,6 +14,8 @@ nbgrader's feedback shows each cell with its outputs. The grader's own pipeline 
   learner wrote (any markdown cell that is not the release's own) is shown as escaped text.
 * ScrubHidden: any remaining text that quotes a hidden test line or names a hidden case is
   replaced by "[hidden]".
+* WrapVerdicts: the verdict lines are wrapped at 100 characters (after scrubbing, so a break
+  never splits a secret before it is replaced).
 
 The course configuration also sets HTMLExporter.sanitize_html, so what is rendered as HTML is
 sanitised a second time.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import textwrap
 
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import NbGraderPreprocessor
@@ -139,4 +142,21 @@ class ScrubHidden(NbGraderPreprocessor):
             for key, value in list(output.get("data", {}).items()):
                 if isinstance(value, str) and not key.startswith("image/"):
                     output["data"][key] = self._scrub(value)
+        return cell, resources
+
+
+class WrapVerdicts(NbGraderPreprocessor):
+    """A test cell's verdict is preformatted text: wrapped, a long diagnosis reads without
+    scrolling sideways. Runs last, after ScrubHidden, so a line break never splits a secret
+    before it is scrubbed."""
+
+    width = 100
+
+    def preprocess_cell(self, cell, resources, index):
+        if _is_test(cell):
+            for output in cell.get("outputs", []):
+                if output.get("output_type") == "stream":
+                    lines = str(output.get("text", "")).splitlines()
+                    output["text"] = "\n".join(textwrap.fill(line, width=self.width, subsequent_indent="  ")
+                                               for line in lines) + "\n"
         return cell, resources

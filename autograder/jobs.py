@@ -292,7 +292,8 @@ class _Job:
             c.GenerateFeedback.preprocessors = [
                 "nbgrader.preprocessors.GetGrades", "nbgrader.preprocessors.ClearHiddenTests",
                 "feedback.ShortenTestTracebacks", "feedback.GraderVerdicts", "feedback.SafeOutputs",
-                "feedback.ScrubHidden", "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor"]
+                "feedback.ScrubHidden", "feedback.WrapVerdicts",
+                "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor"]
             c.ClearHiddenTests.enforce_metadata = False
             c.HTMLExporter.sanitize_html = True
             c.ScrubHidden.secrets = {secrets}

@@ -16,7 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from feedback import GraderVerdicts, SafeOutputs, ScrubHidden, ShortenTestTracebacks, markdown_digest  # noqa: E402
+from feedback import GraderVerdicts, SafeOutputs, ScrubHidden, ShortenTestTracebacks, WrapVerdicts, markdown_digest  # noqa: E402
 
 c = get_config()  # noqa: F821 (provided by traitlets when the file is loaded)
 
@@ -62,6 +62,7 @@ c.GenerateFeedback.preprocessors = [
     GraderVerdicts,
     SafeOutputs,
     ScrubHidden,
+    WrapVerdicts,
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]
 c.ClearHiddenTests.enforce_metadata = False

@@ -345,7 +345,8 @@ print("literal softmax    :", naive)
 # Stanford's CS231n course): `softmax(torch.tensor([3.2, 5.1, -1.7]))` is about `[0.13, 0.87, 0.00]`. And
 # `softmax(torch.tensor([1000., 1001., 1002.]))` must not be `nan`.
 #
-# Don't call `torch.softmax` or `torch.nn.functional.softmax`: the point is to write it.
+# Don't call `torch.softmax`, `torch.nn.functional.softmax` or any other PyTorch softmax: the point is to write
+# it, and the grader gives an answer that calls one 0 points for this exercise.
 #
 # <details><summary>Hint 1 — the idea</summary>Shift each row by its own maximum, exponentiate, divide by the row's total. Every reduction is over the last dimension only, never over the whole tensor or <code>dim=0</code>.</details>
 # <details><summary>Hint 2 — the plan</summary>Three steps, shapes <code>[..., n]</code> throughout; the max and the sum are <code>[..., 1]</code> thanks to <code>keepdim=True</code>, so they broadcast back against <code>x</code>. The first line: <code>shifted = x - x.amax(dim=-1, keepdim=True)</code>.</details>
