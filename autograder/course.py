@@ -40,6 +40,8 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+from transformer_lib import safe_ast  # noqa: E402  (ast.parse is not thread-safe on 3.11: kits are built in threads)
+
 
 # -- the course on disk ---------------------------------------------------------------
 
@@ -166,7 +168,7 @@ def checker_calls(test_source: str) -> list[CheckerCall]:
     every solution notebook to that), so these calls are the whole test.
     """
     calls = []
-    for node in ast.walk(ast.parse(test_source)):
+    for node in ast.walk(safe_ast.parse(test_source)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.startswith("check_"):
             hidden = any(k.arg == "hidden" and isinstance(k.value, ast.Constant) and k.value.value is True for k in node.keywords)
             if node.args:
@@ -330,6 +332,18 @@ def build_kit(course: Course, chapter: str) -> "jobs.ChapterKit":
         hidden_cases=hidden_cases)
 
 
+def prepare_chapter(course: Course, chapter: str, cache: Path) -> "jobs.ChapterKit":
+    """A chapter's kit and the library copies its jobs will need, built once before any job runs.
+    Safe to call for several chapters in threads at once (tests/test_grading_race.py)."""
+    import hiding
+
+    kit = build_kit(course, chapter)
+    sets = [[hiding.Hidden(*h) for h in sorted({h for t in kit.tests for h in t.hidden})]]
+    sets += [[hiding.Hidden(*h) for h in t.hidden] for t in kit.tests if t.calls]
+    hiding.build_copies(cache, sets)
+    return kit
+
+
 # -- grading --------------------------------------------------------------------------------
 
 
@@ -340,6 +354,7 @@ class Report:
     isolation: str = ""
     guarantees: dict = field(default_factory=dict)  # what a probe inside a sandbox found: name -> (held, detail)
     seconds: dict = field(default_factory=dict)  # (student, chapter) -> seconds the job took
+    faults: list = field(default_factory=list)  # the grader's own failures, one line each (make grade exits 1)
 
     def note(self, student: str, chapter: str, text: str) -> None:
         self.notes.setdefault((student, chapter), []).append(text)
@@ -416,24 +431,37 @@ def grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, sche
                 report.note(student, chapter, f"no {chapter}.ipynb in the submission folder")
         present = {key: path for key, path in submissions.items() if path.is_file()}
         cache = course.root / "autograder" / ".sandbox" / "libraries"
-        import hiding
 
         def prepare(chapter):
-            kit = build_kit(course, chapter)
-            sets = [[hiding.Hidden(*h) for h in sorted({h for t in kit.tests for h in t.hidden})]]
-            sets += [[hiding.Hidden(*h) for h in t.hidden] for t in kit.tests if t.calls]
-            hiding.build_copies(cache, sets)  # the library copies, once, before the jobs need them
-            return kit
+            return prepare_chapter(course, chapter, cache)
 
         # Record the assignments (cells, checksums) in the gradebook without touching chapters/,
         # while each chapter's kit is built alongside.
         wanted = [c for c in chapters if any(c == key[1] for key in present)]
+        kits, failed = {}, {}
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs or default_jobs())) as setup:
             kit_futures = {c: setup.submit(prepare, c) for c in wanted}
-            release(course, chapters, release_dir=os.path.join("autograder", ".release"))
-            kits = {c: f.result() for c, f in kit_futures.items()}
+            try:
+                release(course, chapters, release_dir=os.path.join("autograder", ".release"))
+            except Exception as exc:  # no chapter can be recorded in the gradebook: none is graded
+                failed = {c: f"recording the assignments in the gradebook failed ({_one_line(exc)})" for c in wanted}
+            for chapter, future in kit_futures.items():
+                try:
+                    kits[chapter] = future.result()
+                except Exception as exc:  # this chapter's kit: its submissions alone go ungraded
+                    failed.setdefault(chapter, f"preparing {chapter} failed ({_one_line(exc)})")
+        for chapter, why in failed.items():
+            kits.pop(chapter, None)
+            report.faults.append(why)
+            for (student, other) in present:
+                if other == chapter:
+                    report.note(student, chapter, f"not graded: the grader itself failed: {why}; every test "
+                                                  "scored 0 until the instructor fixes it and grades again")
+                    report.scores[(student, chapter)] = (0.0, _max_points(course, chapter))
         specs = []
         for (student, chapter), path in present.items():
+            if chapter in failed:
+                continue
             try:
                 raw = path.read_bytes() if path.stat().st_size <= 64 * 2**20 else b"\0" * (64 * 2**20 + 1)
             except OSError as exc:
@@ -479,6 +507,23 @@ def grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, sche
     finally:
         _export(course, report, chapters, students)
     return report
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+def _max_points(course: Course, chapter: str) -> float:
+    """The chapter's points, from the solution notebook (the gradebook may not hold it)."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(course.solutions / chapter / f"{chapter}.ipynb", as_version=4)
+    except Exception:
+        return 0.0
+    return float(sum(c.metadata.get("nbgrader", {}).get("points", 0) for c in nb.cells
+                     if c.metadata.get("nbgrader", {}).get("grade")))
 
 
 def _check_isolation(course: Course, iso) -> dict:
@@ -632,6 +677,10 @@ def main(argv=None) -> int:
     print(f"\n{report.isolation}")
     print(f"\nfeedback: {course.feedback}/STUDENT/CHAPTER/*.html")
     print(f"grades:   {course.root / 'autograder' / 'grades.csv'} (nbgrader export), {course.root / 'autograder' / 'report.csv'} (with notes)")
+    if report.faults:
+        print(f"make grade: the grader failed: {'; '.join(report.faults)} (those submissions are 0 in report.csv)",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -32,6 +32,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from transformer_lib import safe_ast  # ast.parse is not thread-safe on 3.11; copies are built in threads
+
 PACKAGE = "transformer_lib"
 HIDDEN_MODULE = "_grading_hidden"  # transformer_lib/_grading_hidden.py, only in the copies
 
@@ -116,7 +118,7 @@ def _stub(node: ast.stmt, dotted: str, lines: list[str]) -> str:
 
 def hide_in_source(source: str, names: list[str], module: str) -> str:
     """`source` with the top-level definitions `names` replaced by raising stubs."""
-    tree = ast.parse(source)
+    tree = safe_ast.parse(source)
     lines = source.splitlines()
     found = {}
     for node in tree.body:

@@ -20,6 +20,8 @@ import copy
 import dataclasses
 import json
 
+from transformer_lib import safe_ast  # ast.parse is not thread-safe on 3.11; jobs run in threads
+
 MAX_NOTEBOOK_BYTES = 20 * 2**20
 
 
@@ -229,14 +231,14 @@ def _scan(sources: list[str], release_lines: set[str] = frozenset()) -> _Names:
         names = _Names()
         lines = src.splitlines()
         try:
-            names.visit(ast.parse(src))
+            names.visit(safe_ast.parse(src))
             offsets = None
         except SyntaxError:
             # IPython magics and the like: scan what parses, line by line
             offsets = []
             for number, line in enumerate(lines, start=1):
                 try:
-                    tree = ast.parse(line.strip())
+                    tree = safe_ast.parse(line.strip())
                 except SyntaxError:
                     continue
                 before = len(names.found), len(names.attributes)

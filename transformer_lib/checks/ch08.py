@@ -15,7 +15,6 @@ the word, a value above 1), so two mistakes made at once are still diagnosed.
 
 from __future__ import annotations
 
-import ast
 import functools
 import math
 from collections import Counter
@@ -23,6 +22,7 @@ from collections import Counter
 import torch
 import torch.nn.functional as F
 
+from transformer_lib import safe_ast
 from transformer_lib.tokenization import (embedding_lookup, encode_word, merge_pair, oov_rate, pair_counts, train_bpe,
                                           word_counts, word_vocabulary)
 
@@ -206,7 +206,7 @@ def _as_pairs(output) -> dict | None:
     pairs = {}
     for key, value in output.items():
         try:
-            pair = ast.literal_eval(key) if isinstance(key, str) else key
+            pair = safe_ast.literal_eval(key) if isinstance(key, str) else key
         except (ValueError, SyntaxError):
             return None
         if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(s, str) for s in pair)):
