@@ -1,10 +1,12 @@
 # The commands README names. Each one sets itself up: on a fresh clone `make lab` and
-# `make test` create .venv and install everything pyproject.toml lists.
+# `make test` create .venv and install what pyproject.toml lists for them.
 
 PYTHON ?= python3
-VENV   := .venv
+VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-stamp
+# The venv belongs to one Python: `PYTHON=python3.12 make test` on a .venv made by 3.11 makes it again.
+PY_VERSION := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+STAMP  := $(VENV)/.installed-$(PY_VERSION)
 export PYTHONHASHSEED := 0
 # nbgrader calls alembic/jupyter by name: the venv's come first.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
@@ -22,9 +24,10 @@ FORCE    ?=
 
 # Tests and notebook builds run two processes on two cores: one thread each, or small
 # tensor ops spin-wait on each other (and thread counts change float reductions nbval compares).
-test test-fast notebooks grade: export OMP_NUM_THREADS = 1
+test test-fast test-python notebooks grade: export OMP_NUM_THREADS = 1
 
-.PHONY: help venv browser sandbox lab formgrader test test-fast notebooks release grade check clean-grading
+
+.PHONY: help venv venv-grade venv-test browser sandbox lab formgrader test test-fast test-python notebooks release grade check clean-grading
 
 help:
 	@echo "make lab        the learner's JupyterLab on chapters/ (sets up .venv first)"
@@ -34,13 +37,29 @@ help:
 	@echo "make release    regenerate chapters/ from solutions/ (nbgrader generate_assignment)"
 	@echo "make grade      autograde autograder/submitted/ in the sandbox, write feedback, export grades (JOBS=N, SCHEDULER=tcp://...)"
 
-venv: $(STAMP)
+# Three installs from pyproject.toml, each a superset of the one before: the learner's lab
+# (`make lab`: the course and JupyterLab), the grader's (`make grade`: + Dask), the maintainer's
+# (`make test`, `make notebooks`: + pytest, nbval, jupytext, the browser robot, transformers).
+venv: $(STAMP)-lab
+venv-grade: $(STAMP)-grade
+venv-test: $(STAMP)-test
 
-$(STAMP): pyproject.toml
+$(STAMP)-lab: pyproject.toml
+	@test -n "$(PY_VERSION)" || { echo "$(PYTHON) does not run: set PYTHON to a Python 3.11, 3.12 or 3.13"; exit 1; }
+	@if [ -x $(PY) ] && [ "$$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')" != "$(PY_VERSION)" ]; then \
+	  echo "$(VENV) was made by another Python: making it again with $(PYTHON) ($(PY_VERSION))"; rm -rf $(VENV); fi
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e .
-	@touch $(STAMP)
+	@touch $@
+
+$(STAMP)-grade: $(STAMP)-lab
+	$(PY) -m pip install --quiet -e ".[grade]"
+	@touch $@
+
+$(STAMP)-test: $(STAMP)-grade
+	$(PY) -m pip install --quiet -e ".[test]"
+	@touch $@
 
 # The browser test drives Debian's chromium; as root, install it when it is missing.
 # Elsewhere the test says it is skipped and why.
@@ -59,16 +78,24 @@ formgrader: venv
 	JUPYTER_CONFIG_PATH=$(INSTRUCTOR_CONFIG) $(VENV)/bin/jupyter lab --notebook-dir=$(CURDIR) \
 	  --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) --LabApp.default_url=/formgrader $(ROOT_FLAG)
 
-test: venv browser sandbox
+test: venv-test browser sandbox
 	$(PY) -m pytest -p no:cacheprovider -n 2 --dist loadfile --nbval --nbval-current-env --nbval-cell-timeout=300 tests solutions
 
-test-fast: venv
+test-fast: venv-test
 	$(PY) -m pytest -p no:cacheprovider -n 2 -m "not slow" tests
 
-notebooks: venv
+# The course on another Python (.ci/run: `make test-python PYTHON=python3.12 VENV=.venv-3.12`): the fast
+# tests, one chapter's nbval, and a real grading run of that chapter.
+test-python: venv-test sandbox
+	$(PY) -m pytest -p no:cacheprovider -n 2 --dist loadfile -m "not slow" tests
+	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-current-env --nbval-cell-timeout=300 \
+	  solutions/02_self_attention/02_self_attention.ipynb \
+	  tests/test_grading_race.py::test_a_fault_preparing_one_chapter_costs_that_chapter_only
+
+notebooks: venv-test
 	$(PY) autograder/notebooks.py build $(CHAPTERS)
 
-release: venv
+release: venv-test
 	$(PY) autograder/notebooks.py check $(CHAPTERS)
 	$(PY) autograder/course.py release $(if $(FORCE),--force,) $(CHAPTERS)
 
@@ -86,7 +113,7 @@ sandbox:
 JOBS         ?=
 SCHEDULER    ?=
 CELL_TIMEOUT ?=
-grade: venv sandbox
+grade: venv-grade sandbox
 	$(PY) autograder/course.py grade $(if $(JOBS),--jobs $(JOBS),) $(if $(SCHEDULER),--scheduler $(SCHEDULER),) \
 	  $(if $(CELL_TIMEOUT),--cell-timeout $(CELL_TIMEOUT),)
 

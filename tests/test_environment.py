@@ -1,8 +1,9 @@
 """environment.yml (conda users) must mirror pyproject.toml (pip users) exactly.
 
-pyproject.toml's [project].dependencies is the single source of truth. environment.yml
-asks conda for Python and pip only, and installs every dependency through pip with the
-same pinned requirement string, plus the library itself (`-e .`).
+pyproject.toml is the single source of truth for every pin. Its [project].dependencies are the
+learner's install (`make lab`); the extras `grade` and `test` add what grading and the test
+suite need. environment.yml asks conda for Python and pip only, and installs the learner's
+dependencies through pip with the same pinned requirement strings, plus the library itself (`-e .`).
 """
 
 import re
@@ -77,12 +78,35 @@ def test_pip_section_mirrors_pyproject_dependencies():
     assert not problems, "environment.yml and pyproject.toml disagree:\n  " + "\n  ".join(problems)
 
 
+def _all_requirements() -> list[str]:
+    project = load_pyproject()["project"]
+    extras = project.get("optional-dependencies", {})
+    return project["dependencies"] + [d for group in extras.values() for d in group]
+
+
 def test_every_dependency_is_pinned_exactly():
     unpinned = [
-        d for d in load_pyproject()["project"]["dependencies"]
-        if not any(s.operator in ("==", "===") for s in Requirement(d).specifier)
+        d for d in _all_requirements()
+        if canonicalize_name(Requirement(d).name) != "transformer-lib"  # an extra naming another extra
+        and not any(s.operator in ("==", "===") for s in Requirement(d).specifier)
     ]
     assert not unpinned, f"pyproject.toml dependencies without an exact == pin: {unpinned}"
+
+
+def test_each_package_is_pinned_once_across_the_extras():
+    _by_name([d for d in _all_requirements() if canonicalize_name(Requirement(d).name) != "transformer-lib"],
+             "pyproject.toml (dependencies and extras)")
+
+
+def test_the_learners_install_holds_no_grader_or_test_tool():
+    core = {canonicalize_name(Requirement(d).name) for d in load_pyproject()["project"]["dependencies"]}
+    for tool in ["pytest", "pytest-xdist", "playwright", "transformers", "dask", "distributed", "nbval", "jupytext"]:
+        assert tool not in core, f"{tool} is in the learner's install (make lab); it belongs in an extra"
+
+
+def test_the_test_extra_includes_the_graders():
+    extras = load_pyproject()["project"]["optional-dependencies"]
+    assert "transformer_lib[grade]" in extras["test"], "make test grades submissions: the test extra needs [grade]"
 
 
 def test_environment_installs_the_library_itself():
@@ -115,6 +139,14 @@ def test_python_version_agrees_with_requires_python():
             f"environment.yml asks for {python[0]!r}, but pyproject.toml's requires-python "
             f"{str(requires)!r} does not allow Python {version}"
         )
+
+
+def test_requires_python_covers_exactly_the_versions_ci_tests():
+    requires = SpecifierSet(load_pyproject()["project"]["requires-python"])
+    assert [v for v in ("3.10.12", "3.11.0", "3.12.0", "3.13.0", "3.13.9", "3.14.0") if requires.contains(v)] == [
+        "3.11.0", "3.12.0", "3.13.0", "3.13.9"]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "3.12" in ci and "3.13" in ci, ".ci/run must test Python 3.12 and 3.13"
 
 
 def test_running_python_satisfies_requires_python():
