@@ -38,6 +38,8 @@ sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
 
 TOKEN = "course-browser-test"
 RUN_ALL_TIMEOUT = 600  # seconds for one chapter's Run All under the suite's two processes
+# Chapters whose training cells show tqdm's widget progress bars for several seconds.
+TRAINS_WITH_PROGRESS_BARS = ["07_training_inference", "12_vision_transformers"]
 
 # One exercise per chapter, filled from the keyboard: the answer cell's grade_id, a wrong
 # one-line answer that is a catalogued mistake (named by a word of its name), a right one.
@@ -183,14 +185,35 @@ def _code_prompts(page) -> list[str]:
     return page.locator(f"{NOTEBOOK} .jp-CodeCell .jp-InputArea-prompt").all_inner_texts()
 
 
-def _wait_until_all_ran(page, n_code_cells: int, timeout: float):
-    deadline, idle_polls = time.time() + timeout, 0
+def _status_bar(page) -> str:
+    return " ".join(page.locator(".jp-StatusBar-TextItem").all_inner_texts())
+
+
+PROGRESS_BAR = f"{NOTEBOOK} .jp-OutputArea .widget-hprogress"
+LOOKS_STOPPED_FOR = 4  # polls (about a second each) in a row: a flicker between two cells is not a stop
+
+
+def _wait_until_all_ran(page, n_code_cells: int, timeout: float) -> dict:
+    """Wait for Run All to finish; meanwhile, hold the lab to looking busy while it runs: the kernel
+    status "Busy" and a `[*]` prompt as long as any cell has not run (seen wrong once: Idle and
+    `[ ]` for a minute while a training cell's progress bars moved). Returns what was seen."""
+    deadline, idle_polls, stopped_look = time.time() + timeout, 0, 0
+    seen = {"busy with a progress bar": 0}
     while time.time() < deadline:
         prompts = _code_prompts(page)
         done = len(prompts) == n_code_cells and all(re.fullmatch(r"\[\d+\]:", p.strip()) for p in prompts)
+        if not done:
+            status, running = _status_bar(page), any("*" in p for p in _code_prompts(page))
+            looks_busy = "Busy" in status and running
+            stopped_look = 0 if looks_busy else stopped_look + 1
+            assert stopped_look < LOOKS_STOPPED_FOR, (
+                f"cells are still to run, but the lab looks stopped: status bar {status!r}, "
+                f"{'a' if running else 'no'} [*] prompt; prompts {prompts}")
+            if looks_busy and page.locator(PROGRESS_BAR).count():
+                seen["busy with a progress bar"] += 1
         idle_polls = idle_polls + 1 if done and _kernel_idle(page) else 0
         if idle_polls >= 3:
-            return
+            return seen
         time.sleep(1)
     pytest.fail(f"Run All did not finish in {timeout} s; prompts: {_code_prompts(page)}")
 
@@ -251,7 +274,9 @@ def _run_all_and_fill_one_exercise(lab, browser, chapter):
     while not _kernel_idle(page):
         time.sleep(0.5)
     _run_menu(page, "Run All Cells")
-    _wait_until_all_ran(page, len(code_cells), RUN_ALL_TIMEOUT)
+    seen = _wait_until_all_ran(page, len(code_cells), RUN_ALL_TIMEOUT)
+    if chapter in TRAINS_WITH_PROGRESS_BARS:  # the training cell was watched running, bars moving
+        assert seen["busy with a progress bar"] >= 3, f"{chapter}: never saw a training cell run: {seen}"
     page.screenshot(path=str(lab["shots"] / f"{chapter}-run-all.png"), full_page=False)
     _assert_no_instructor_tools_or_news(page)
 

@@ -50,6 +50,33 @@ class CheckFailed(AssertionError):
         return [f"\x1b[0;31mCheckFailed\x1b[0m: {self}"]
 
 
+def _keep_run_all_running(result) -> None:
+    """IPython's post_run_cell hook: a cell that ended in CheckFailed still shows its red error
+    output (nbgrader scores the test 0 from it, nbval and nbclient see it), but its execute reply
+    says "ok". JupyterLab's Run All marks every cell it has not run yet as idle (`[ ]` instead of
+    `[*]`) as soon as one reply is an error, assuming the kernel dropped them; with the
+    `raises-exception` tag the kernel goes on running them, so a learner would watch a training
+    cell run under a blank prompt. Only a failed check is treated so; any other error is untouched."""
+    if isinstance(getattr(result, "error_in_exec", None), CheckFailed):
+        result.error_in_exec = None
+
+
+def _install_kernel_hook() -> None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None or type(shell).__name__ != "ZMQInteractiveShell":  # only a notebook kernel replies
+        return
+    callbacks = shell.events.callbacks.get("post_run_cell", [])
+    if not any(getattr(cb, "__name__", "") == _keep_run_all_running.__name__ for cb in callbacks):
+        shell.events.register("post_run_cell", _keep_run_all_running)
+
+
+_install_kernel_hook()
+
+
 @dataclasses.dataclass
 class Case:
     """One input to an exercise: positional and keyword arguments, and a name for messages."""
