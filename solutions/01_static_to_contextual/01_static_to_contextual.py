@@ -827,7 +827,7 @@ for L in [8, 64, 512, 4096]:
 # A small timing on this machine's CPU (the numbers vary from run to run; on a GPU, which runs thousands of
 # operations at once, the gap is far larger):
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "timing"]
 rnn_cell = torch.nn.RNNCell(64, 64)
 
 

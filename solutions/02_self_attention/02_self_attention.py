@@ -55,6 +55,7 @@ from transformer_lib.checks.ch02 import (
     check_self_attention,
     check_softmax,
 )
+from transformer_lib.claims import claim
 from transformer_lib.diagrams.ch02 import draw_qkv_flow
 
 torch.manual_seed(0)
@@ -620,8 +621,11 @@ for i in range(seq):  # one token at a time: its query against every key
     rows.append(a_i @ (x @ w_v))                           # [d_head]
 Z_loop = torch.stack(rows)
 print("output shape:", tuple(Z.shape), " weights shape:", tuple(A.shape))
-print(f"largest difference, matrix form vs loop: {(Z - Z_loop).abs().max():.1e}")
-print("rows of the weights sum to:", A.sum(dim=-1))
+loop_error = (Z - Z_loop).abs().max().item()
+row_sum_error = (A.sum(dim=-1) - 1).abs().max().item()
+claim(loop_error < 1e-5, "the matrix form and the loop agree to 1e-5: they differ only by float rounding",
+      measured=f"{loop_error:.1e}")
+claim(row_sum_error < 1e-5, "every row of the weights sums to 1 (to 1e-5)", measured=f"{row_sum_error:.1e}")
 
 # %% [markdown]
 # ## 8. Permutation equivariance: attention does not know the order

@@ -54,6 +54,7 @@ from transformer_lib.checks.ch05 import (
     check_feed_forward,
     check_layer_norm,
 )
+from transformer_lib.claims import claim
 from transformer_lib.diagrams.ch05 import draw_norm_axes, draw_post_vs_pre_norm
 from transformer_lib.layers import Encoder, EncoderLayer, LayerNorm, PositionwiseFeedForward, count_parameters
 from transformer_lib.masks import padding_mask
@@ -218,7 +219,9 @@ with torch.no_grad():
     torch_norm.weight.normal_()
     torch_norm.bias.normal_()
     ours = layer_norm_impl(x, torch_norm.weight, torch_norm.bias)
-    print(f"max |ours - nn.LayerNorm| = {(ours - torch_norm(x)).abs().max():.1e}")
+    gap = (ours - torch_norm(x)).abs().max().item()
+claim(gap < 1e-5, "layer_norm_impl and nn.LayerNorm agree to 1e-5 (they differ by float rounding at most)",
+      measured=f"max |ours - nn.LayerNorm| = {gap:.1e}")
 
 # %% [markdown]
 # A variant you will meet in tutorial code. The LayerNorm of the Annotated Transformer (Rush, "The Annotated
@@ -350,8 +353,9 @@ def pad_batch(sentences: list[torch.Tensor], length: int) -> tuple[torch.Tensor,
 ones, zeros = torch.ones(d), torch.zeros(d)
 check_batch, _ = pad_batch([sentence_a, sentence_b, sentence_c], 7)
 torch_bn = nn.BatchNorm1d(d, affine=False).train()  # BatchNorm1d wants [batch, features, seq]
-gap = (batch_norm_impl(check_batch) - torch_bn(check_batch.transpose(1, 2)).transpose(1, 2)).abs().max()
-print(f"batch_norm_impl vs nn.BatchNorm1d (training mode): max difference {gap:.1e}\n")
+gap = (batch_norm_impl(check_batch) - torch_bn(check_batch.transpose(1, 2)).transpose(1, 2)).abs().max().item()
+claim(gap < 1e-5, "batch_norm_impl and nn.BatchNorm1d (training mode) agree to 1e-5", measured=f"{gap:.1e}")
+print()
 
 situations = {
     "alone": pad_batch([sentence_a], 4),
@@ -367,7 +371,7 @@ alone = {name: f(*situations["alone"])[0, :4] for name, f in norms.items()}  # s
 print(f"{'max change of sentence A':<26}" + "".join(f"{name:>18}" for name in norms))
 for situation, (batch, real) in situations.items():
     changes = [(f(batch, real)[0, :4] - alone[name]).abs().max().item() for name, f in norms.items()]
-    print(f"{situation:<26}" + "".join(f"{c:>18.4f}" for c in changes))
+    print(f"{situation:<26}" + "".join(f"{c:>18.2f}" for c in changes))
 
 # %% [markdown]
 # LayerNorm's column is zero in every row: each token is normalised with its own statistics, so nothing else in
@@ -455,8 +459,8 @@ x_changed[0, 2] = torch.randn(16)  # a new vector at position 2 only
 with torch.no_grad():
     change = (feed_forward_impl(x_changed, *weights) - feed_forward_impl(x, *weights)).abs().amax(dim=-1)[0]  # [seq]
     print("largest output change at each position:", change)
-    gap = (feed_forward_impl(x, *weights) - ffn(x)).abs().max()
-    print(f"feed_forward_impl vs the module: max difference {gap:.1e}")
+    gap = (feed_forward_impl(x, *weights) - ffn(x)).abs().max().item()
+claim(gap < 1e-5, "feed_forward_impl and the module agree to 1e-5", measured=f"{gap:.1e}")
 
 # %% [markdown]
 # The same weights at every position, each position on its own: that is exactly a **convolution with kernel
@@ -472,7 +476,9 @@ with torch.no_grad():
     conv2.weight.copy_(ffn.linear2.weight[:, :, None])  # [d_model, d_ff, kernel 1]
     conv2.bias.copy_(ffn.linear2.bias)
     as_conv = conv2(torch.relu(conv1(x.transpose(1, 2)))).transpose(1, 2)  # Conv1d wants [batch, channels, seq]
-    print(f"max |FFN - 1x1 convolution| = {(feed_forward_impl(x, *weights) - as_conv).abs().max():.1e}")
+    gap = (feed_forward_impl(x, *weights) - as_conv).abs().max().item()
+claim(gap < 1e-5, "the FFN and the two 1x1 convolutions agree to 1e-5",
+      measured=f"max |FFN - 1x1 convolution| = {gap:.1e}")
 
 # %% [markdown]
 # **Predict**: in a layer of the paper's base model ($d_{model} = 512$, $d_{ff} = 2048$, 8 heads), which part holds
@@ -847,9 +853,9 @@ with torch.no_grad():
         theirs = to_torch_layer(ours, norm_first)
         ours_out = encoder_layer_forward_impl(x, mask, ours)
         theirs_out = theirs(x, src_key_padding_mask=tokens == 0)  # True = padding
-        gap = (ours_out - theirs_out).abs().max()
-        print(f"norm_first={norm_first!s:<5}: max |encoder_layer_forward_impl - nn.TransformerEncoderLayer| "
-              f"= {gap:.1e}")
+        gap = (ours_out - theirs_out).abs().max().item()
+        claim(gap < 1e-5, f"norm_first={norm_first}: encoder_layer_forward_impl and nn.TransformerEncoderLayer "
+              "agree to 1e-5", measured=f"{gap:.1e}")
 
 # %% [markdown]
 # ## 7. Stacking layers: the encoder

@@ -97,7 +97,7 @@ print(f"\n512 -> 1024: cost x {(1024 / 512) ** 2:.0f};  512 -> 2048: cost x {(20
 # largest total (Python's own `tracemalloc` cannot see these allocations). The times are CPU times, and depend on
 # your machine, so the numbers will differ from one computer to the next; the slopes should not.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "timing"]
 def best_time(fn, repeats=3):
     """CPU seconds of one call: the fastest of `repeats` calls after a warm-up. CPU time
     (time.process_time) counts the work this program does, not the time it waits while other
@@ -132,7 +132,7 @@ for n in SIZES:
           f"(= {memory[n] / (4 * n * n):.2f} n x n matrices)")
 print(f"\nfitted on n >= 1024: time slope {loglog_slope(seconds):.2f}, memory slope {loglog_slope(memory):.2f}")
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "timing"]
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
 for ax, values, unit, title in [(axes[0], seconds, 1e3, "time (ms)"), (axes[1], memory, 2**-20, "peak memory (MiB)")]:
     ns = np.array(SIZES)
@@ -502,7 +502,7 @@ print(f"scores computed: dense {n * n:,}, banded {(n // b) * b * (b + 2 * w):,} 
 # fall outside the band), but that overhead is a constant factor: double $n$ and the work doubles. Measured, with a
 # window of 64 on each side:
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "timing"]
 measured["banded"] = ({}, {})
 for n in SIZES:
     q, k, v = random_qkv(n)
@@ -627,7 +627,7 @@ for scale in [0.25, 0.5, 1.0, 2.0, 4.0]:
     error = ((lin - soft).norm() / soft.norm()).item()
     print(f"{scale:>11} | {error:>14.2f} | {w_soft.amax(-1).mean().item():>23.3f} | {w_lin.amax(-1).mean().item():>7.4f}")
 
-# %% tags=["nbval-ignore-output"]
+# %%
 fig, ax = plt.subplots(figsize=(8, 3))
 _, w_soft = scaled_dot_product_attention(q[:, :64] * 2.0, k[:, :64], v[:, :64])
 _, w_lin = sparse.linear_attention_quadratic(q[:, :64] * 2.0, k[:, :64], v[:, :64])
@@ -648,7 +648,7 @@ plt.show()
 #
 # Measured cost (the non-causal form):
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "timing"]
 measured["linear"] = ({}, {})
 for n in SIZES:
     q, k, v = random_qkv(n)
@@ -773,7 +773,7 @@ print(f"largest score matrix held: [300, 64] = {300 * 64:,} numbers, not [300, 3
 # very thing FlashAttention optimises: the readable dense path streams four $n \times n$ matrices through main
 # memory, while one block of scores can stay in the processor's cache. Measured, with blocks of 256 keys:
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "timing"]
 measured["online"] = ({}, {})
 for n in SIZES:
     q, k, v = random_qkv(n)
@@ -803,7 +803,7 @@ q, k, v = random_qkv(512, seed=9)
 print("F.scaled_dot_product_attention == the course's attention (to 1e-5):",
       torch.allclose(F.scaled_dot_product_attention(q, k, v), scaled_dot_product_attention(q, k, v)[0], atol=1e-5))
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "timing"]
 measured["PyTorch fused"] = ({}, {})
 for n in SIZES:
     q, k, v = (t.unsqueeze(1) for t in random_qkv(n))  # [batch=1, heads=1, n, d]: the fused kernel's shape

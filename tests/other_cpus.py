@@ -1,0 +1,34 @@
+"""nbval on the chapters that train, as another machine would run them.
+
+PyTorch chooses its CPU kernels by the processor (`torch.backends.cpu.get_cpu_capability()`:
+AVX512, AVX2 or DEFAULT) and splits work across threads; both change the order of float sums.
+`ATEN_CPU_CAPABILITY` forces the kernels of a lesser CPU on this one, and OMP_NUM_THREADS the
+thread count, so one machine can play the others. Each pass runs nbval, strict as in
+`make test`, on one notebook in a fresh pytest process whose kernel inherits that setting.
+"""
+
+import os
+import subprocess
+import sys
+
+from course_files import ROOT
+
+# The chapters whose outputs come from float reductions or training (the others print exact
+# arithmetic, text and integers). Chapter 11's numbers are timings, already outside comparison.
+TRAINING_CHAPTERS = ["02_self_attention", "03_multi_head_attention", "05_add_norm_ffn", "07_training_inference",
+                     "09_bert", "10_gpt", "12_vision_transformers"]
+
+
+def run_nbval(chapter: str, **env: str) -> None:
+    notebook = ROOT / "solutions" / chapter / f"{chapter}.ipynb"
+    environment = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
+    environment.update(env)
+    environment.pop("PYTEST_XDIST_WORKER", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "--nbval",
+         "--nbval-current-env", "--nbval-cell-timeout=300", str(notebook)],
+        cwd=ROOT, env=environment, capture_output=True, text=True, timeout=1200)
+    if proc.returncode != 0:
+        failed = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+        raise AssertionError(f"{chapter} with {env}: {len(failed)} cells differ or fail\n" + "\n".join(failed)
+                             + "\n\n" + proc.stdout[-6000:])

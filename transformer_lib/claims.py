@@ -1,0 +1,29 @@
+"""Claims a chapter makes from numbers whose last digits depend on the machine.
+
+PyTorch picks its CPU kernels by the processor it runs on (AVX-512, AVX2 or plain code) and by the
+number of threads; each adds floating-point numbers in its own order, so the last digits of a
+sum differ from one machine to the next, and training amplifies the difference. A trained loss,
+an accuracy, a generated sentence or an error near machine precision is therefore not something a
+notebook can promise digit for digit. What it can promise is the claim its text makes from that
+number: "the 4-head model reaches at least 0.99 on every task", "the two agree to 1e-5".
+
+The cell that prints such a number carries nbval's `nbval-ignore-output` tag (the learner sees
+their own machine's digits), and it, or the cell after it, states the claim with `claim(...)`:
+a line the learner reads, and an error for a maintainer whose run no longer supports the text.
+tests/test_nbval_claims.py holds every chapter to that rule.
+"""
+
+from __future__ import annotations
+
+
+class ClaimFailed(AssertionError):
+    """A claim the chapter's text makes does not hold on this run."""
+
+
+def claim(holds: bool, statement: str, measured: str = "") -> None:
+    """Print `✓ statement` when `holds`; raise ClaimFailed, naming what was measured, when not."""
+    if not holds:
+        detail = f" (measured: {measured})" if measured else ""
+        raise ClaimFailed(f"the chapter says {statement!r}, but this run does not support it{detail}. "
+                          "If you changed the code above, that may be why; otherwise please report it.")
+    print(f"✓ {statement}")
