@@ -51,6 +51,7 @@ from tokenizers import normalizers, pre_tokenizers
 
 from transformer_lib import corpus
 from transformer_lib.checks import exercise_summary, yours_or_reference
+from transformer_lib.claims import claim
 from transformer_lib.checks.ch08 import (
     check_embedding_lookup,
     check_encode_word,
@@ -404,7 +405,7 @@ train_bpe_impl = yours_or_reference(train_bpe, check_train_bpe)
 # it. (A plain Python trainer recounts every pair of every word at each merge, a few seconds here; the library's
 # `train_bpe` only updates the counts of the words a merge touches, and `tokenizers` does the same in Rust.)
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "timing"]
 BPE_TEXT, N_MERGES = train_text[:60_000], 200
 bpe_word_counts = word_counts(BPE_TEXT)
 start = time.perf_counter()
@@ -754,7 +755,7 @@ for vocab_size, width in [(4000, 512), (30000, 1024), (50257, 768)]:
 # positions out of 256. Chance is 1 in 4,000 for the token and 1 in 256 for the position. **Predict** before
 # running: with `nn.Embedding`'s default, does the scale help or hurt?
 
-# %%
+# %% tags=["nbval-ignore-output"]
 def sum_probe(table, pe, scale, n=1000, seed=8):
     """Share of tokens and of positions a dot product recovers from scale * table[id] + pe[pos]."""
     g = torch.Generator().manual_seed(seed)
@@ -790,6 +791,30 @@ for d, name, scale, token_norm, pe_norm, token_found, position_found in scale_re
     print(f"{d:>3} | {name:>22} | {scale:>6.2f} | {token_norm:>8.2f} | {pe_norm:>10.2f} | {token_found:>11.1%} | "
           f"{position_found:>14.1%}")
 
+# %% [markdown]
+# The norms and the dot products are sums of floats, whose last digits depend on the processor, so the table above
+# is your machine's. What the text below reads from it holds on any machine:
+
+# %%
+found = {(d, name, scale > 1): (token_norm / pe_norm, token_found, position_found)
+         for d, name, scale, token_norm, pe_norm, token_found, position_found in scale_results}
+normal, small, xavier = INITS  # the three names, in the table's order
+measured = "; ".join(f"d={d} {name} {'scaled' if scaled else 'unscaled'}: token {t:.1%}, position {p:.1%}"
+                     for (d, name, scaled), (_, t, p) in found.items())  # shown if a claim fails
+claim(all(found[512, init, scaled][1] >= 0.99 and found[512, init, scaled][2] >= 0.9
+          for init, scaled in [(normal, False), (small, True)]),
+      "at d = 512, N(0, 1) unscaled and N(0, 1/d) scaled: at least 99% of tokens and 90% of positions found back",
+      measured=measured)
+claim(31 < found[512, normal, True][0] < 33 and found[512, normal, True][2] <= 0.03,
+      "N(0, 1) scaled at d = 512: the token is about 32 times the position, and at most 3% of the positions are "
+      "found (chance: 1/256 = 0.4%)", measured=measured)
+claim(found[512, small, False][1] <= 0.05 and found[64, small, False][1] <= 0.05,
+      "N(0, 1/d) unscaled: at most 5% of the tokens are found back, at both sizes", measured=measured)
+claim(found[512, xavier, False][1] <= 0.01 and found[512, xavier, True][1] >= 0.99,
+      "Xavier at d = 512: at most 1% of the tokens unscaled, at least 99% scaled", measured=measured)
+claim(found[64, xavier, True][1] <= 0.1, "Xavier at d = 64, scaled: still at most 10% of the tokens",
+      measured=measured)
+
 # %%
 SHORT = {"N(0, 1), nn.Embedding": "N(0, 1)", "N(0, 1/d_model)": "N(0, 1/d)", "Xavier uniform": "Xavier"}
 fig, axes = plt.subplots(1, 2, figsize=(9, 3.2), sharey=True)
@@ -809,17 +834,18 @@ plt.show()
 # The scale is right for one initialisation and wrong for another:
 #
 # * **$\mathcal{N}(0, 1)$, `nn.Embedding`'s default.** The token vector already has norm $\approx\sqrt{d}$, larger
-#   than the position's $\sqrt{d/2}$, and both are found back (100% and 94% at $d = 512$). Multiplying by
-#   $\sqrt{d}$ makes the token 32 times the position at $d = 512$, and the position is lost (1.0%, chance is 0.4%):
-#   here the scale **hurts**, and the model would have to learn to shrink its embeddings to see word order.
+#   than the position's $\sqrt{d/2}$, and both are found back (at least 99% and 90% at $d = 512$). Multiplying by
+#   $\sqrt{d}$ makes the token 32 times the position at $d = 512$, and the position is lost (at most 3% found,
+#   chance is 0.4%): here the scale **hurts**, and the model would have to learn to shrink its embeddings to see
+#   word order.
 # * **$\mathcal{N}(0, 1/d)$, the tied-weight initialisation.** The token vector has norm $\approx 1$ against the
-#   position's 16, and the token drowns (1.5% found). The scale brings it to $\sqrt{d}$, the same size as the
+#   position's 16, and the token drowns (at most 5% found). The scale brings it to $\sqrt{d}$, the same size as the
 #   position, and both survive: exactly the $\mathcal{N}(0, 1)$ row without scale. This is the case the
 #   scale was made for: a table small enough to serve as the output layer, made large enough to hold its own
 #   against the positions.
 # * **Xavier uniform** on a `[4000, d]` table gives entries of variance $2/(4000 + d)$, smaller still, and the
-#   scale again rescues the token (0.2% → 100% at $d = 512$). At $d = 64$ it is not enough (4%): the Xavier table
-#   shrinks as the vocabulary grows.
+#   scale again rescues the token (from at most 1% to at least 99% at $d = 512$). At $d = 64$ it is not enough (at
+#   most 10%): the Xavier table shrinks as the vocabulary grows.
 #
 # So "multiply by $\sqrt{d_{model}}$" is not a law of nature but a correction that pairs with a small
 # initialisation. Training moves the norms anyway; what the scale sets is the balance at the start. The library's
