@@ -2,6 +2,11 @@
 (`pydoc_data.topics`, the text behind `help("if")`), a tokenizer for it, and a small,
 hand-written "apple" corpus in which one word has two senses (the fruit and the company).
 
+The help pages change from one Python release to the next, and the chapters print counts,
+vocabularies and trained results drawn from them. So the course reads a frozen copy, the
+`pydoc_data.topics` of CPython 3.11.7 (`data/pydoc_topics.json.gz`, 137 KB; the Python
+documentation, under the PSF License), and every Python the course supports sees the same text.
+
 The apple corpus is chapter 01's version of the classic 苹果 example (eating an apple vs.
 an Apple product launch): every sentence is generated from templates written for this
 course, with a seeded random choice of fillers, so it is the same on every machine.
@@ -45,14 +50,24 @@ def _is_prose(paragraph: str) -> bool:
     return wordy / len(stripped) >= 0.9 and len(stripped.split()) >= 6
 
 
+def pydoc_topics() -> dict[str, str]:
+    """CPython 3.11.7's `pydoc_data.topics.topics` (topic name -> help text), whatever Python runs this."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    with gzip.open(Path(__file__).with_name("data") / "pydoc_topics.json.gz", "rt", encoding="utf-8") as f:
+        return json.load(f)["topics"]
+
+
 def pydoc_paragraphs() -> list[str]:
     """The prose paragraphs of Python's built-in help topics, in a fixed (sorted) order.
 
     About 0.5 MB of text ships with every CPython as `pydoc_data.topics.topics`
-    (a dict: topic name -> help text). Code blocks and grammar rules are left out.
+    (a dict: topic name -> help text); the course reads its frozen 3.11.7 copy (see above).
+    Code blocks and grammar rules are left out.
     """
-    from pydoc_data.topics import topics
-
+    topics = pydoc_topics()
     paragraphs = []
     for name in sorted(topics):
         for paragraph in re.split(r"\n\s*\n", topics[name]):

@@ -56,6 +56,7 @@ from transformer_lib.corpus import (
     apple_corpus,
     pydoc_paragraphs,
     pydoc_tokens,
+    pydoc_topics,
     tokenize,
 )
 from transformer_lib.diagrams.ch01 import draw_encoder_decoder, draw_model_families, draw_rnn_vs_attention
@@ -83,12 +84,12 @@ torch.set_printoptions(precision=4, sci_mode=False)
 #
 # We need English text, and we will not download anything. Every Python installation ships the
 # text of its own `help()` pages in `pydoc_data.topics`: about half a million characters of
-# reference prose about Python. `transformer_lib.corpus` keeps the prose paragraphs (no code blocks, no grammar
-# rules) and splits them into lowercase word tokens.
+# reference prose about Python. Those pages change a little with each Python release, so the course keeps
+# a copy of Python 3.11.7's (`corpus.pydoc_topics()`): every learner counts the same words. `transformer_lib.corpus`
+# keeps the prose paragraphs (no code blocks, no grammar rules) and splits them into lowercase word tokens.
 
 # %%
-from pydoc_data.topics import topics
-
+topics = pydoc_topics()
 print(f"{len(topics)} help topics, {sum(len(text) for text in topics.values())} characters")
 paragraphs = pydoc_paragraphs()
 tokens = pydoc_tokens()
