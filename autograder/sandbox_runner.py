@@ -68,6 +68,25 @@ def _error(exc: BaseException) -> dict:
     return {"__type__": "error", "__error__": f"{type(exc).__name__}: {exc}"[:2000]}
 
 
+MAX_OUTPUT_BYTES = 64 * 2**20  # the grader reads no more of one test (jobs.MAX_OUTPUT_BYTES)
+
+
+class OutputsTooLarge(Exception):
+    pass
+
+
+def _tensor_bytes(value, torch) -> int:
+    """Bytes of the tensors in one call's outputs, counted before torch.save tries to copy them
+    (saving 2 GiB into memory fails differently from one Python to the next)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v, torch) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v, torch) for v in value)
+    return 0
+
+
 def main(plan_path: str, notebook_path: str) -> None:
     with open(plan_path) as f:
         plan = json.load(f)
@@ -140,6 +159,11 @@ def main(plan_path: str, notebook_path: str) -> None:
                       "hidden_called": list(CALLED),
                       "called_during": [n for n in CALLED if COUNTS.get(n, 0) > before.get(n, 0)]}
             del calls
+            for i, call in enumerate(record["calls"]):
+                size = _tensor_bytes(call, torch)
+                if size > MAX_OUTPUT_BYTES:
+                    record["calls"][i] = _error(OutputsTooLarge(
+                        f"the outputs were larger than {MAX_OUTPUT_BYTES // 2**20} MiB ({size / 2**20:,.0f} MiB)"))
             try:
                 buffer = io.BytesIO()
                 buffer.write(grade_id.encode() + b"\0")
