@@ -225,7 +225,7 @@ def _template_config(root: Path) -> str:
         "c.CourseDirectory.source_directory = 'source'",
         "c.CourseDirectory.release_directory = 'release'",
         f"c.CourseDirectory.db_url = {'sqlite:///' + str(root / 'gradebook.db')!r}",
-        "c.CourseDirectory.ignore = ['.ipynb_checkpoints', '*.pyc', '__pycache__', 'feedback', '*.py', 'jupytext.toml']",
+        "c.CourseDirectory.ignore = ['.ipynb_checkpoints', '*.pyc', '__pycache__', 'feedback', '*.py', 'jupytext.toml', 'cited_figures.toml']",
         "c.ClearHiddenTests.enforce_metadata = False",
         "c.ClearOutput.enabled = True",
     ]) + "\n"
