@@ -101,11 +101,12 @@ def encode_dropping_a_character(word, merges):
 
 
 def embedding_columns_and_scaled(ids, table):
-    return (table[ids] * table.shape[1] ** 0.5).transpose(-2, -1)
+    rows = F.one_hot(ids, table.shape[0]).to(table.dtype) @ table
+    return (rows * table.shape[1] ** 0.5).transpose(-2, -1)
 
 
 def embedding_doubled_float32(ids, table):
-    return 2 * table.float()[ids]
+    return 2 * (F.one_hot(ids, table.shape[0]).float() @ table.float())
 
 
 @pytest.mark.parametrize("checker,answer,trait", [
@@ -141,8 +142,59 @@ def test_each_trait_of_a_double_mistake_is_named():
 
 
 def test_a_constant_multiple_of_the_rows_is_named():
-    verdict = _verdict(ch08.check_embedding_lookup, lambda ids, table: 0.5 * table[ids])
+    verdict = _verdict(ch08.check_embedding_lookup,
+                       lambda ids, table: 0.5 * (F.one_hot(ids, table.shape[0]).to(table.dtype) @ table))
     assert "multiplied by a constant" in verdict.message
+
+
+# ------------------------------------------------------------------- the lookup, not the product
+
+def rows_by_indexing(ids, table):
+    return table[ids]
+
+
+def rows_by_index_select(ids, table):
+    return table.index_select(0, ids.flatten()).reshape(*ids.shape, table.shape[1])
+
+
+def rows_by_f_embedding(ids, table):
+    return F.embedding(ids, table)
+
+
+def rows_by_nn_embedding(ids, table):
+    return torch.nn.Embedding.from_pretrained(table)(ids)
+
+
+def rows_in_a_loop(ids, table):
+    return torch.stack([table[int(i)] for i in ids.flatten()]).reshape(*ids.shape, table.shape[1])
+
+
+def rows_of_a_copy_scaled(ids, table):
+    return 2 * table.clone()[ids]  # a copy of the table, and a second mistake on top
+
+
+@pytest.mark.parametrize("answer", [rows_by_indexing, rows_by_index_select, rows_by_f_embedding,
+                                    rows_by_nn_embedding, rows_in_a_loop, rows_of_a_copy_scaled],
+                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize("hidden", [False, True], ids=["visible", "hidden"])
+def test_picking_rows_out_of_the_table_is_refused_as_indexing(answer, hidden):
+    """Indexing gives exactly the product's numbers, so without the watch every one of these
+    would pass an exercise that asks for one_hot(ids) @ table."""
+    checker = ch08.check_embedding_lookup
+    verdict = _verdict(checker, answer, hidden)
+    assert not verdict.passed
+    assert verdict.mistake == checker.mistakes[0].name, verdict.message
+    assert "rows picked out of the table by indexing" in verdict.message
+    assert "F.one_hot(ids, table.shape[0]).to(table.dtype)" in verdict.message
+
+
+def test_the_watch_sees_the_table_only():
+    """An identity matrix may be indexed to build the one-hot rows; the table may not."""
+    ids, table = torch.tensor([[2, 0, 1]]), torch.randn(4, 3)
+    out, picked = ch08._table_rows_picked(lambda i, t: torch.eye(t.shape[0])[i] @ t, ids, table)
+    assert picked == [] and torch.equal(out, table[ids])
+    _, picked = ch08._table_rows_picked(lambda i, t: t[i], ids, table)
+    assert picked == ["index"]
 
 
 # ------------------------------------------------------------------- correct answers, other ways
@@ -203,8 +255,13 @@ def encode_by_ranks(word, merges):
     return encode_word(word, {tuple(p): i for i, p in enumerate(merges)})
 
 
-def embedding_by_indexing(ids, table):
-    return table[ids]
+def embedding_by_comparison(ids, table):
+    one_hot = (ids[..., None] == torch.arange(table.shape[0])).to(table.dtype)  # [..., vocab]
+    return one_hot @ table
+
+
+def embedding_by_identity_rows(ids, table):
+    return torch.eye(table.shape[0], dtype=table.dtype)[ids] @ table  # the one-hot rows, then the product
 
 
 def embedding_by_einsum(ids, table):
@@ -217,7 +274,8 @@ def embedding_by_einsum(ids, table):
     (ch08.check_merge_pair, merge_with_a_for_loop),
     (ch08.check_train_bpe, train_with_lists_and_sorting),
     (ch08.check_encode_word, encode_by_ranks),
-    (ch08.check_embedding_lookup, embedding_by_indexing),
+    (ch08.check_embedding_lookup, embedding_by_comparison),
+    (ch08.check_embedding_lookup, embedding_by_identity_rows),
     (ch08.check_embedding_lookup, embedding_by_einsum),
 ], ids=lambda x: getattr(x, "__name__", None) or getattr(x, "name", None) or str(x))
 def test_correct_answers_written_another_way_pass(checker, answer):
@@ -228,6 +286,16 @@ def test_correct_answers_written_another_way_pass(checker, answer):
 def test_a_list_from_merge_pair_is_refused_with_a_reason():
     verdict = _verdict(ch08.check_merge_pair, lambda symbols, pair: list(merge_pair(symbols, pair)))
     assert not verdict.passed and "tuple(merged)" in verdict.message
+
+
+def test_ties_to_two_characters_first_are_named():
+    """The rule the chapter once stated ("a pair of two characters beats a tied pair that
+    contains a merged symbol") is wrong: ("a", "bc") beats ("d", "e"), because the first
+    symbols' ids are compared first, as tokenizers does."""
+    verdict = _verdict(ch08.check_train_bpe, ch08._tb_characters_first, hidden=False)
+    assert not verdict.passed and verdict.mistake == "ties given to pairs of two characters first, whatever their ids"
+    assert ch08._tb_characters_first({"abc": 2, "bc": 1, "de": 2}, 3)[1] == ("d", "e")
+    assert ch08.train_bpe_merges({"abc": 2, "bc": 1, "de": 2}, 3)[1] == ("a", "bc")
 
 
 def test_the_train_bpe_reference_has_the_exercise_signature():

@@ -113,6 +113,19 @@ def test_ties_go_to_the_smaller_ids_not_the_smaller_strings():
     assert hf_merges == merges and hf_vocab == vocab
 
 
+def test_the_first_symbol_decides_a_tie_even_against_two_characters():
+    # After ("b","c") (count 3), ("a","bc") and ("d","e") tie at 2. A rule "two characters
+    # first" would take ("d","e"); the ids compare the first symbols first, and a (0) < d (3).
+    counts = {"abc": 2, "bc": 1, "de": 2}
+    merges, vocab = train_bpe(counts, 3)
+    assert merges == [("b", "c"), ("a", "bc"), ("d", "e")]
+    from tokenizers import pre_tokenizers
+
+    text = " ".join(word for word, n in counts.items() for _ in range(n))
+    _, hf_merges, hf_vocab = hf_bpe([text], 3, set("abcde"), pre_tokenizers.WhitespaceSplit())
+    assert hf_merges == merges and hf_vocab == vocab
+
+
 def test_ties_between_characters_follow_code_points():
     merges, _ = train_bpe({"zy": 1, "ba": 1, "Ab": 1}, 3)
     assert merges == [("A", "b"), ("b", "a"), ("z", "y")]  # "A" < "b" < "z" as code points

@@ -111,8 +111,11 @@ def train_bpe(data, n_merges: int | None = None, *, vocab_size: int | None = Non
     gives, and they break ties: among pairs with the same count, the one whose first symbol
     has the smaller id wins, then the one whose second symbol has the smaller id. (BpeTrainer
     keeps its candidates in a heap ordered by count, then by the pair of ids, smallest first.)
-    So a pair of two characters wins a tie against a pair with a merged symbol in it, and an
-    earlier merge against a later one: ("b", "d") beats ("ab", "c").
+    The first symbols decide: every character's id is below every merged symbol's, so a pair
+    that starts with a character wins a tie against one that starts with a merged symbol
+    (("b", "d") beats ("ab", "c")), and the second symbols count only between pairs with the
+    same first symbol. A merged symbol in second place loses nothing by itself: ("a", "bc")
+    beats ("d", "e"), because "a" has the smaller id.
     """
     if (n_merges is None) == (vocab_size is None):
         raise ValueError("train_bpe needs exactly one of n_merges and vocab_size")

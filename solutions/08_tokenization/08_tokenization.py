@@ -21,8 +21,8 @@
 #
 # 1. **Whole words**: what fraction of new text a word vocabulary has never seen. *Exercise 1: `oov_rate`.*
 # 2. **Characters**: nothing is unknown, but the sequences get long, and attention pays for length squared.
-# 3. **Byte-pair encoding (BPE)**, the compromise almost every model uses, built from scratch: count pairs,
-#    merge one, train, encode. *Exercises 2 to 5: `pair_counts`, `merge_pair`, `train_bpe`, `encode_word`.*
+# 3. **Byte-pair encoding (BPE)**, the subword method of GPT-2 and many later models, built from scratch: count
+#    pairs, merge one, train, encode. *Exercises 2 to 5: `pair_counts`, `merge_pair`, `train_bpe`, `encode_word`.*
 #    Your trainer is then run on the course's text and compared, merge for merge, with Hugging Face
 #    `tokenizers`.
 # 4. **Byte-level BPE in practice** with `tokenizers`: characters per token for vocabularies of 500 to 4,000,
@@ -102,7 +102,8 @@ print("the held-out text starts:", repr(val_text[:160]))
 
 # %% [markdown]
 # (`corpus.tokenize` lower-cases the text and keeps runs of letters, so a "word" here is something like
-# `iterator` or `don't`.)
+# `iterator` or `don't`. It drops digits and punctuation: fine for asking which words are unknown, but a model
+# must read those too, and section 2 counts them back in.)
 #
 # A model has a vocabulary of fixed size, chosen before training: say the $N$ most frequent training words.
 # Every other word, in training or later, becomes one shared token, `<unk>` ("unknown"). The model cannot
@@ -205,20 +206,34 @@ print("forms of 'iterate' the training text has, each a separate vocabulary entr
 alphabet = sorted(set(train_text))
 unseen_chars = set(val_text) - set(alphabet)
 print(f"{len(alphabet)} distinct characters in the training text; held-out characters never seen: {len(unseen_chars)}")
-print(f"one word is {len(val_text) / len(val_words):.1f} characters on average, spaces and punctuation included")
+val_pieces = pre_tokenize(val_text)  # words, numbers, runs of punctuation, line breaks: nothing dropped
+chars_per_word = len(val_text) / len(val_pieces)
+print(f"held-out text: {len(val_text):,} characters; {len(val_words):,} letter words (corpus.tokenize, "
+      f"{len(val_text) / len(val_words):.2f} characters each if the rest were free)")
+print(f"as words with punctuation and digits kept (pre_tokenize): {len(val_pieces):,} tokens, "
+      f"{chars_per_word:.2f} characters each")
+print(f"characters instead: {chars_per_word:.1f} times the tokens, {chars_per_word ** 2:.1f} times the pairs")
 
 # %% [markdown]
-# No held-out character is new, so nothing is `<unk>`. The price is length. The held-out text is 25,885
-# characters but only 3,917 words: the same text is 6.6 times longer as characters. Each character on its own
-# means almost nothing, so the layers must first learn to spell before they can learn meaning. And length is
-# expensive: self-attention compares every token with every token, $n^2$ pairs for $n$ tokens, so 6.6 times the
-# tokens is about 44 times the pairs.
+# No held-out character is new, so nothing is `<unk>`. The price is length. A word-level model cannot simply
+# drop the punctuation, digits and line breaks that `corpus.tokenize` left out: a question mark or a number is
+# part of the text. Counted with the library's `pre_tokenize` (section 3), which makes each word (with the space
+# before it), number, run of punctuation and line break a token of its own, the 25,885 held-out characters are
+# 5,821 tokens, 4.45 characters each.
+# (Dividing by the 3,917 letter words instead would give 6.61, as if the rest of the text cost nothing.) So the
+# same text is 4.4 times longer as characters. Each character on its own means almost nothing, so the layers must
+# first learn to spell before they can learn meaning. And length is expensive: self-attention compares every
+# token with every token, $n^2$ pairs for $n$ tokens, so 4.4 times the tokens is about 20 times the pairs.
 #
 # ## 3. Byte-pair encoding: learn the pieces from the data
 #
 # The compromise keeps frequent words whole and spells rare ones from frequent pieces. **Byte-pair encoding**
 # does it with one greedy rule. Sennrich, Haddow and Birch ("Neural Machine Translation of Rare Words with Subword
-# Units", ACL 2016) adapted it to words from a 1994 compression algorithm of Philip Gage:
+# Units", ACL 2016) adapted it to words from a 1994 compression algorithm of Philip Gage. It is one of three
+# subword methods in wide use: GPT-2 uses BPE (section 4), BERT uses WordPiece (section 5), and T5, ALBERT and
+# XLNet use the unigram language model of Kudo ("Subword Regularization", ACL 2018) through the SentencePiece
+# library of Kudo and Richardson (EMNLP 2018), which starts from a large vocabulary and prunes it (Hugging Face's
+# *Summary of the tokenizers* lists which model uses which). BPE's rule:
 #
 # 1. Cut the text into words and count them.
 # 2. Spell every word as a sequence of symbols, one per character.
@@ -241,7 +256,8 @@ print(f"{len(train_word_counts):,} distinct words; the most frequent:", train_wo
 # %% [markdown]
 # Here is the first merge on the small word table of Sennrich et al.'s paper: *low* 5 times, *lower* twice,
 # *newest* 6 times, *widest* 3 times. (e, s) and (s, t) both occur 9 times (6 in *newest*, 3 in *widest*). The
-# tie goes to the pair whose symbols have the smaller **ids**: more on that rule in exercise 4.
+# tie goes to the pair whose first symbol has the smaller **id** (`e` before `s`): more on that rule in
+# exercise 4.
 
 # %%
 draw_bpe_merge_step()
@@ -359,12 +375,16 @@ merge_pair_impl = yours_or_reference(merge_pair, check_merge_pair)
 #
 # * every character of the word table gets an id in code-point order: the ids of `sorted(characters)`;
 # * each merge gives its new symbol the next free id (unless that symbol already has one);
-# * among the pairs with the largest count, take the one whose **first** symbol has the smallest id; if that
-#   still ties, the one whose **second** symbol has the smallest id.
+# * among the pairs with the largest count, take the one whose **first** symbol has the smallest id; only
+#   between pairs with the same first symbol, the one whose **second** symbol has the smallest id.
 #
-# So a pair of two characters beats a tied pair that contains a merged symbol, and compares by ids, not strings:
+# The first symbols decide, and they are compared by ids, not strings. Every character's id is smaller than every
+# merged symbol's, so a pair that *starts* with a character beats a tied pair that starts with a merged symbol:
 # with `{"abc": 2, "ab": 1, "bd": 2}` the first merge is `("a", "b")`, and then `("b", "d")` beats `("ab", "c")`,
-# although the string `"ab"` sorts before `"b"`.
+# although the string `"ab"` sorts before `"b"`. A merged symbol in *second* place loses nothing by itself: with
+# `{"abc": 2, "bc": 1, "de": 2}` the first merge is `("b", "c")`, and then `("a", "bc")` beats `("d", "e")`,
+# because `a` has a smaller id than `d`. (Hugging Face's `BpeTrainer` keeps its candidate pairs in a heap ordered
+# by count, then by the pair of ids, smallest first: that is this rule.)
 #
 # Worked example: the table of the picture above, `{"low": 5, "lower": 2, "newest": 6, "widest": 3}`, gives the
 # first four merges `[("e", "s"), ("es", "t"), ("l", "o"), ("lo", "w")]`.
@@ -539,12 +559,13 @@ for size, tokenizer in byte_tokenizers.items():
     n_tokens = len(tokenizer.encode(val_text).ids)
     chars_per_token[size] = len(val_text) / n_tokens
     print(f"{size:>10,} | {n_tokens:>15,} | {chars_per_token[size]:>20.2f}")
+print(f"8 times the vocabulary (500 -> 4,000): {chars_per_token[4000] / chars_per_token[500]:.2f} times fewer tokens")
 
 # %%
 fig, ax = plt.subplots(figsize=(5.5, 3.4))
 ax.semilogx(VOCAB_SIZES, [chars_per_token[s] for s in VOCAB_SIZES], "o-", label="byte-level BPE (tokenizers)")
 ax.semilogx([len(bpe_vocab)], [len(val_text) / len(val_tokens)], "s", label="your BPE (200 merges, 1/4 of the text)")
-ax.axhline(len(val_text) / len(val_words), color="grey", ls="--", lw=1, label="whole words (with unknowns)")
+ax.axhline(chars_per_word, color="grey", ls="--", lw=1, label="whole words and punctuation (with unknowns)")
 ax.axhline(1.0, color="grey", ls=":", lw=1, label="characters")
 ax.set_xlabel("vocabulary size")
 ax.set_ylabel("characters per token (held-out)")
@@ -556,8 +577,10 @@ plt.show()
 
 # %% [markdown]
 # The returns diminish: each doubling of the vocabulary buys less. Eight times the vocabulary gives 1.8 times
-# fewer tokens, and whole words (6.6 characters per token on this text, with 4% unknown) remain out of reach. A
-# larger table also costs parameters (section 7) and leaves rare tokens with few training examples. Published
+# fewer tokens, and even 4,000 tokens stay short of whole words with their punctuation (4.45 characters per token
+# on this text, section 2), which pay for their length with the unknown words of section 1 (4.3% even with every
+# training word in the vocabulary).
+# A larger table also costs parameters (section 7) and leaves rare tokens with few training examples. Published
 # models trained on far more text use larger vocabularies: about 30,000 tokens for BERT, 50,257 for GPT-2.
 #
 # **Shared pieces.** *Walk* never occurs in the help pages, yet the forms of a word come out with a common
@@ -607,9 +630,10 @@ print("UTF-8 bytes per character:", [len(ch.encode("utf-8")) for ch in zh])
 # (Schuster and Nakajima, "Japanese and Korean Voice Search", ICASSP 2012; used for translation by Wu et al.,
 # "Google's Neural Machine Translation System", 2016), a cousin of BPE that chooses merges by how much they raise
 # the likelihood of the training text and encodes a word by the longest vocabulary piece first. Before WordPiece
-# runs, BERT's tokenizer puts a space around every CJK character, so that, in the words of the BERT repository
-# (`google-research/bert`, the docstring of `_tokenize_chinese_chars`), Chinese is "effectively
-# character-tokenized". `tokenizers` ships the same normaliser:
+# runs, BERT's tokenizer puts a space around every CJK character (the function `_tokenize_chinese_chars` in the
+# `tokenization.py` of Google's `google-research/bert` repository "adds whitespace around any CJK character"),
+# so that, in the words of that repository's notes on its multilingual models (`multilingual.md`, section
+# "Tokenization"), Chinese is "effectively character-tokenized". `tokenizers` ships the same normaliser:
 
 # %%
 bert_normalizer = normalizers.BertNormalizer(handle_chinese_chars=True, lowercase=True)
@@ -619,8 +643,8 @@ print([piece for piece, _ in pre_tokenizers.BertPreTokenizer().pre_tokenize_str(
 
 # %% [markdown]
 # Every character is its own word, and WordPiece cannot merge across words, so the Chinese part of the
-# vocabulary is characters. Google's Chinese BERT (`bert-base-chinese`) has 21,128 tokens, and its masked
-# language model predicts one character out of them. Cui et al. ("Pre-Training with Whole Word Masking for
+# vocabulary is characters. Google's Chinese BERT (`bert-base-chinese`) has 21,128 tokens (`vocab_size` in the
+# model's `bert_config.json`), and its masked language model predicts one character out of them. Cui et al. ("Pre-Training with Whole Word Masking for
 # Chinese BERT", 2021) keep that character vocabulary: they only choose which characters to hide by words, hiding
 # all the characters of a word at once, and the model still predicts characters.
 #
@@ -637,17 +661,21 @@ print([piece for piece, _ in pre_tokenizers.BertPreTokenizer().pre_tokenize_str(
 # %%
 rows = [("characters", 1.0)]
 rows += [(f"byte-level BPE, vocabulary {s:,}", chars_per_token[s]) for s in VOCAB_SIZES]
-rows += [("whole words (4% unknown)", len(val_text) / len(val_words))]
+rows += [("whole words and punctuation", chars_per_word)]
 rows += [("Chinese through the English BPE", len(zh) / len(tokenizer.encode(zh).ids))]
 print(f"{'tokenizer':>32} | {'chars/token r':>13} | {'tokens per 1,000 chars':>22} | {'pairs vs characters 1/r^2':>25}")
 for name, r in rows:
     print(f"{name:>32} | {r:>13.2f} | {1000 / r:>22.0f} | {1 / r ** 2:>25.3f}")
+print(f"attention cost divided by {chars_per_token[4000] ** 2:.1f} from characters to BPE 4,000, by "
+      f"{(chars_per_token[4000] / chars_per_token[500]) ** 2:.1f} from BPE 500 to BPE 4,000, by "
+      f"{chars_per_word ** 2:.1f} from characters to whole words and punctuation")
 
 # %% [markdown]
 # Going from characters to a 4,000-token BPE divides the attention cost by about 15; the step from 500 to 4,000
-# tokens alone divides it by 3.3. A context window is counted in tokens, so the same model also *reads* 3.8 times
-# more text at once. And the last row is the bill for a script the tokenizer was not trained on: 9 times the
-# pairs of a character vocabulary.
+# tokens alone divides it by 3.3. Whole words with their punctuation would divide it by about 20, at the price of
+# the unknown words. A context window is counted in tokens, so the same model also *reads* 3.8 times more text at
+# once. And the last row is the bill for a script the tokenizer was not trained on: 9 times the pairs of a
+# character vocabulary.
 #
 # ## 7. The embedding table
 #
@@ -662,6 +690,11 @@ for name, r in rows:
 # > **Difficulty** ●○○ · **Importance** ●●○ · about 5 minutes
 #
 # Write `embedding_lookup(ids, table)` **as a matrix product**: one-hot rows times the table.
+#
+# Plain indexing, `table[ids]`, gives exactly the same numbers, and that is the point: this exercise writes the
+# lookup as a product. So do not index the table (no `table[ids]`, `index_select`, `F.embedding`,
+# `nn.Embedding`, or a loop over `table[i]`): the check watches which PyTorch operations touch the table and
+# refuses an answer that picks rows out of it.
 #
 # * `ids`: an integer (int64) tensor of any shape `[...]`, values in `[0, vocab)`.
 # * `table`: `[vocab, d_model]`, float32 or float64.
@@ -708,12 +741,11 @@ print("one-hot @ table == table[ids]:", torch.equal(x, table[ids]), "| == nn.Emb
 
 # %% [markdown]
 # Two consequences of "the lookup is a product". First, its gradient: the derivative of $\mathrm{onehot} \cdot E$
-# with respect to $E$ is non-zero only in the rows of tokens that occur, so one training step updates only the
-# embeddings of the tokens in the batch (`nn.Embedding` uses exactly that and never builds the one-hot matrix).
-# Second, the same matrix read the other way, a vector times $E^\top$, gives one score per token of the
-# vocabulary: exactly what the output layer computes. That is why many models **share** one matrix between the
-# embedding and the output layer (*Attention Is All You Need*, section 3.4, shares it between both embeddings and
-# the pre-softmax linear layer).
+# with respect to $E$ is non-zero only in the rows of tokens that occur (`nn.Embedding` uses exactly that and
+# never builds the one-hot matrix). Second, the same matrix read the other way, a vector times $E^\top$, gives
+# one score per token of the vocabulary: exactly what the output layer computes. That is why many models
+# **share** one matrix between the embedding and the output layer (*Attention Is All You Need*, section 3.4,
+# shares it between both embeddings and the pre-softmax linear layer).
 
 # %%
 table_param = table.clone().requires_grad_(True)
@@ -721,6 +753,52 @@ embedding_lookup_impl(ids, table_param).sum().backward()
 rows_with_gradient = table_param.grad.abs().sum(dim=-1).nonzero().flatten()
 print(f"rows with a non-zero gradient: {len(rows_with_gradient)} of {len(bpe_vocab)}; "
       f"distinct ids in the sentence: {len(set(ids.tolist()))}")
+
+# %% [markdown]
+# A zero gradient does not mean an unchanged row: that depends on the optimiser. Plain SGD moves each weight by
+# its gradient alone, so a step changes only the rows of the tokens in the batch. Adam (Kingma and Ba, "Adam: A
+# Method for Stochastic Optimization", ICLR 2015) moves each weight by running averages of its past gradients, so
+# a row keeps moving for many steps after its token last appeared. AdamW (Loshchilov and Hutter, "Decoupled
+# Weight Decay Regularization", ICLR 2019) adds weight decay as a step of its own: every weight shrinks a little
+# at every step, whatever its gradient. PyTorch has `torch.optim.SparseAdam` (used with
+# `nn.Embedding(sparse=True)`) for models that want Adam to touch only the rows in the batch.
+#
+# Three copies of the table above, one per optimiser: one step on the sentence above (the first held-out
+# paragraph), then one step on the second paragraph; we count the rows that the **second** step changed.
+# Chapters 09 and 10 train with AdamW, weight decay on the embedding tables included.
+
+# %%
+paragraphs = val_text.splitlines()[:2]  # the sentence above, then the next paragraph
+batches = [torch.tensor(tokens_to_ids(bpe_encode(text, merges), bpe_vocab)) for text in paragraphs]  # [seq] each
+OPTIMISERS = {
+    "SGD": lambda params: torch.optim.SGD(params, lr=0.1),
+    "Adam": lambda params: torch.optim.Adam(params, lr=1e-3),
+    "AdamW, weight decay 0.01": lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01),
+}
+rows_moved = {}
+for name, make in OPTIMISERS.items():
+    weights = torch.nn.Parameter(table.clone())  # [vocab, d_model], the same start for each optimiser
+    optimiser = make([weights])
+    for batch in batches:
+        before = weights.detach().clone()
+        optimiser.zero_grad()
+        embedding_lookup_impl(batch, weights).pow(2).sum().backward()  # any loss of the batch's rows
+        optimiser.step()
+    rows_moved[name] = int((weights.detach() != before).any(dim=-1).sum())
+print(f"distinct ids: first paragraph {len(set(batches[0].tolist()))}, second {len(set(batches[1].tolist()))}, "
+      f"either {len(set(batches[0].tolist()) | set(batches[1].tolist()))}; vocabulary {len(bpe_vocab)}")
+for name, moved in rows_moved.items():
+    print(f"{name:>25}: the second step changed {moved:>3} rows")
+first_ids, second_ids = (set(batch.tolist()) for batch in batches)
+claim(rows_moved["SGD"] == len(second_ids) and rows_moved["Adam"] == len(first_ids | second_ids)
+      and rows_moved["AdamW, weight decay 0.01"] == len(bpe_vocab),
+      "SGD: the second paragraph's rows; Adam: the rows of either paragraph; AdamW: every row", measured=rows_moved)
+
+# %% [markdown]
+# SGD changes exactly the rows of the second paragraph's tokens. Adam also moves the rows that only the first
+# paragraph used, although the second step gives them a zero gradient: their running averages still remember
+# the first step. AdamW changes every row of the table. So "a step updates only the embeddings of the tokens in
+# the batch" holds for plain SGD (and for `SparseAdam`), not for the optimiser of chapters 09 and 10.
 
 # %% [markdown]
 # The table is also big. It has vocab × $d_{model}$ parameters. Prince quotes a typical $|V| = 30{,}000$ with
@@ -858,25 +936,34 @@ plt.show()
 # * **Whole words** leave part of new text unknown, whatever the vocabulary: 11.4% of held-out words with 1,000
 #   words, 5.9% with 2,000, and 4.3% with all 2,788 words of the training text. Many of the missing words are forms
 #   of known ones (plurals, past tenses).
-# * **Characters** leave nothing unknown but make the text 6.6 times longer, about 44 times the attention pairs.
+# * **Characters** leave nothing unknown but make the text 4.4 times longer than words with their punctuation,
+#   about 20 times the attention pairs.
 # * **BPE** learns its vocabulary by merging the most frequent pair of neighbouring symbols, inside words,
-#   weighted by word counts, and encodes by replaying the merges in order. Your trainer, with ties broken by ids,
-#   made the same 200 merges as `tokenizers` and encoded the held-out text to the same tokens and ids.
+#   weighted by word counts, and encodes by replaying the merges in order. Your trainer, with ties broken by ids
+#   (first symbol first, then second), made the same 200 merges as `tokenizers` and encoded the held-out text to
+#   the same tokens and ids. BERT's WordPiece and the unigram model of T5, ALBERT and XLNet are the other subword
+#   methods in wide use.
 # * **Byte-level BPE** (GPT-2) starts from the 256 bytes, so any string is encodable and decodes exactly. On this
 #   text, 500 to 4,000 tokens give 2.1 to 3.8 characters per token; the attention cost falls with the square.
 #   Forms of a word share their stem and their endings.
 # * **Chinese** through an English byte-level BPE costs 3 tokens per character; Chinese models (BERT's
 #   `bert-base-chinese`, 21,128 tokens) use the character as the token.
 # * The **embedding table** is a lookup that equals one-hot rows times the table; only the rows of the tokens
-#   present get a gradient.
+#   present get a gradient, but Adam's running averages and AdamW's weight decay move other rows too.
 # * The **sqrt(d_model) scale** balances the token against the position when the table starts small
 #   ($\mathcal{N}(0, 1/d)$, Xavier) and swamps the position when it starts at $\mathcal{N}(0, 1)$.
 #
 # ## What's next
 #
-# Chapter 09 builds **BERT**: an encoder-only Transformer whose input is exactly this chapter's pipeline
-# (WordPiece tokens, an embedding table, learned positions) plus two special tokens, `[CLS]` and `[SEP]`, trained
-# by hiding 15% of the tokens and predicting them.
+# Chapter 09 builds **BERT** (Devlin et al., "BERT: Pre-training of Deep Bidirectional Transformers for Language
+# Understanding", NAACL 2019), an encoder-only Transformer. Its input starts where this chapter ends, with an
+# embedding table read at the token ids, and adds two more tables to it: a **segment** table (first or second
+# sentence) and a table of **learned positions**, one row per position (chapter 04). Unlike section 8's
+# Transformer, BERT does not multiply the token embeddings by $\sqrt{d_{model}}$; a LayerNorm follows the sum of
+# the three. Two special tokens, `[CLS]` and `[SEP]`, frame the sentences. Devlin et al. cut their text with a
+# WordPiece vocabulary of about 30,000 tokens (section 5 above); chapter 09 trains on a small made-up corpus whose
+# words all fit in a whole-word vocabulary, so nothing there is unknown. The model learns by hiding 15% of the
+# tokens and predicting them.
 
 # %% [markdown]
 # ## Where you stand

@@ -11,6 +11,12 @@ overlapping merges ("a a a"), ties broken by strings or by first sight, counts n
 recomputed, merges replayed in the wrong order, embeddings as columns... Properties name an
 error from a trait of the output (a merge of a pair no word holds, tokens that do not spell
 the word, a value above 1), so two mistakes made at once are still diagnosed.
+
+The embedding exercise asks for the product one_hot(ids) @ table, and plain indexing,
+table[ids], gives exactly the same numbers. So its checker runs the answer under a PyTorch
+dispatch mode that watches which operators touch the table: an answer that picks rows out
+of it (indexing, index_select, F.embedding, nn.Embedding, a loop over table[i]) is refused
+with that diagnosis, in the notebook and in the grader alike.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import Counter
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -429,6 +436,8 @@ def _train_cases() -> list[Case]:
     return [
         Case("the classic table, 10 merges", (dict(TOY_COUNTS), 10)),
         Case("a tie between a merged symbol and a character", ({"abc": 2, "ab": 1, "bd": 2}, 3)),
+        Case("a merged symbol in second place still wins a tie by its first symbol",
+             ({"abc": 2, "bc": 1, "de": 2}, 3)),
         Case("ties between characters", ({"zy": 1, "ba": 1, "Ab": 1}, 3)),
         Case("no pair left before n_merges", ({"ab": 1, "c": 5}, 5)),
         Case("2,000 characters of the course text, 25 merges", (dict(word_counts(train[:2000])), 25), hidden=True),
@@ -464,6 +473,18 @@ def _tb_first_seen(word_counts, n_merges):
 
 def _tb_alphabetical(word_counts, n_merges):
     return _train_with(word_counts, n_merges, lambda pairs, ids: min(pairs, key=lambda p: (-pairs[p], p)))
+
+
+def _tb_characters_first(word_counts, n_merges):
+    """Ties to a pair of two characters first, then by ids: the rule 'a pair of two characters
+    beats a pair with a merged symbol', which the ids do not follow (("a", "bc") beats ("d", "e"))."""
+    n_characters = len(_ids(word_counts))
+
+    def choose(pairs, ids):
+        return max(pairs, key=lambda p: (pairs[p], ids[p[0]] < n_characters and ids[p[1]] < n_characters,
+                                         -ids[p[0]], -ids[p[1]]))
+
+    return _train_with(word_counts, n_merges, choose)
 
 
 def _tb_unweighted(word_counts, n_merges):
@@ -563,6 +584,12 @@ check_train_bpe = Checker(
             "the words glued into one long text, so pairs are counted across word boundaries",
             "Keep the words apart: spell each word as a tuple of characters, and count pairs inside each word.",
             _tb_across_words,
+        ),
+        Mistake(
+            "ties given to pairs of two characters first, whatever their ids",
+            "Compare the ids of the first symbols first, and the second symbols only when the first are the same: "
+            "('a', 'bc') beats ('d', 'e') because 'a' has the smaller id. Key: (count, -id[first], -id[second]).",
+            _tb_characters_first,
         ),
     ],
     properties=[
@@ -703,6 +730,58 @@ def _embedding_cases() -> list[Case]:
     ]
 
 
+# The operators that copy rows (or entries) out of a tensor by position: what table[ids],
+# table.index_select, F.embedding, nn.Embedding, torch.gather and a loop over table[i] reach.
+_ROW_PICKING_OPS = frozenset({
+    "index", "index_select", "embedding", "embedding_bag", "_embedding_bag", "gather", "take", "take_along_dim",
+    "select", "unbind", "slice", "narrow", "split", "split_with_sizes", "chunk", "masked_select",
+})
+INDEXED = {"__type__": "rows picked out of the table by indexing (table[ids], index_select, F.embedding, "
+                       "nn.Embedding or a loop over table[i]) instead of one_hot(ids) @ table"}
+
+
+def _table_rows_picked(fn, ids, table) -> tuple[Any, list[str]]:
+    """Run fn(ids, table); also return the row-picking operators it applied to the table (or to
+    a copy of it: a tensor of the table's shape or its transpose's; no case has a square table,
+    so a one-hot or identity matrix is never taken for it)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    storage = table.untyped_storage().data_ptr()
+    shapes = {tuple(table.shape), tuple(table.shape[::-1])}
+    seen: list[str] = []
+
+    def is_table(x) -> bool:
+        if not isinstance(x, torch.Tensor):
+            return False
+        try:
+            return x.untyped_storage().data_ptr() == storage or tuple(x.shape) in shapes
+        except Exception:
+            return tuple(x.shape) in shapes
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = getattr(getattr(func, "overloadpacket", None), "__name__", "")
+            if name in _ROW_PICKING_OPS and args and is_table(args[0]):
+                seen.append(name)
+            return func(*args, **(kwargs or {}))
+
+    with Watch():
+        out = fn(ids, table)
+    return out, seen
+
+
+def _invoke_as_a_product(fn, case: Case):
+    """The exercise asks for the product, and indexing gives the same numbers: an answer that
+    picks rows out of the table is answered with INDEXED instead of its output."""
+    ids, table = case.args
+    out, picked = _table_rows_picked(fn, ids, table)
+    return INDEXED if picked else out
+
+
+def _el_indexed(ids, table):
+    return table[ids]  # [..., d_model]: the lookup itself, not the product
+
+
 def _one_hot(ids, table):
     return F.one_hot(ids, table.shape[0]).to(table.dtype)  # [..., vocab]
 
@@ -738,7 +817,15 @@ check_embedding_lookup = Checker(
     name="embedding_lookup",
     reference=embedding_lookup,
     make_cases=_embedding_cases,
+    invoke=_invoke_as_a_product,
     mistakes=[
+        Mistake(
+            "rows picked out of the table by indexing (table[ids], index_select, F.embedding, nn.Embedding, or a "
+            "loop over table[i]): the right numbers, but not the product this exercise asks for",
+            "Build the one-hot matrix, F.one_hot(ids, table.shape[0]).to(table.dtype), and multiply it by the "
+            "table with @; never index the table itself.",
+            _el_indexed,
+        ),
         Mistake(
             "embeddings as columns, [..., d_model, seq] (the textbook's X = Omega T layout) instead of rows",
             "One row per token: one_hot(ids) is [..., seq, vocab], and one_hot @ table is [..., seq, d_model].",
