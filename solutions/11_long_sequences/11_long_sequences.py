@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from transformer_lib import sparse
 from transformer_lib.attention import scaled_dot_product_attention, softmax
 from transformer_lib.checks import exercise_summary, yours_or_reference
+from transformer_lib.claims import claim
 from transformer_lib.checks.ch11 import (
     check_causal_linear_attention,
     check_dilated_mask,
@@ -131,6 +132,9 @@ for n in SIZES:
     print(f"n = {n:>5}: {1e3 * seconds[n]:>8.1f} ms, peak {memory[n] / 2**20:>6.1f} MiB "
           f"(= {memory[n] / (4 * n * n):.2f} n x n matrices)")
 print(f"\nfitted on n >= 1024: time slope {loglog_slope(seconds):.2f}, memory slope {loglog_slope(memory):.2f}")
+claim(all(memory[n] == 4 * (4 * n * n + n) for n in SIZES),
+      "at every n the peak memory is four n x n float32 matrices (plus one number per row)",
+      measured=str({n: memory[n] for n in SIZES}))
 
 # %% tags=["nbval-ignore-output", "timing"]
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -148,12 +152,17 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# On log-log axes a cost $c \cdot n^p$ is a straight line of slope $p$. The memory line sits on slope 2 exactly:
-# the peak is always four $n \times n$ matrices (the scores, the shifted scores, their exponentials, the weights:
-# the readable path keeps several alive at once). The time line is steeper than the memory line at small $n$, where
-# the fixed cost of each call still matters, which is why the slopes are fitted on the larger sizes only. There it
-# comes out at 2 or even above: on top of the $n^2$ work, a matrix of many megabytes no longer fits in the
-# processor's cache, so each of its numbers also costs more to touch.
+# On log-log axes a cost $c \cdot n^p$ is a straight line of slope $p$. The memory line sits on slope 2: at every
+# size the peak is four $n \times n$ matrices (the scores, the shifted scores, their exponentials, the weights: the
+# readable path keeps several alive at once), plus a vector with one number per row.
+#
+# The time line is not straight at its small end. Each call also pays a cost that does not grow with $n$: Python,
+# and the dispatch of every operator the readable path calls. A constant added to $c \cdot n^2$ makes the line
+# *flatter* where the $n^2$ part is still small, so from 256 to 512 tokens the time usually grows by less than the
+# memory does, and the slope read there would understate the quadratic law. That is why the slopes are fitted on
+# $n \ge 1024$ only. There the time slope comes out at about 2 or even above: on top of the $n^2$ work, a matrix of
+# many megabytes no longer fits in the processor's cache, so each of its numbers also costs more to touch. Both
+# effects depend on your processor and on what else it is doing; the memory does not.
 #
 # A decoder does not help much. Prince (section 12.9) draws the interaction matrix: an encoder's is full, a
 # decoder's is the lower triangle, about half the pairs. Half of $n^2$ is still $n^2$ growth.
@@ -173,7 +182,10 @@ plt.show()
 # A **sliding window** of size $w$ lets query $i$ attend to key $j$ when $|i - j| \le w$: the token itself and $w$
 # neighbours on each side, a band of $2w + 1$ diagonals. In a decoder the window keeps only its past half,
 # $0 \le i - j \le w$. Longformer (Beltagy et al., 2020) uses such a window in every layer, and the local heads of
-# the Sparse Transformer (Child et al., 2019) do the same.
+# the Sparse Transformer (Child et al., 2019) do the same. Mind the convention when you read the Longformer paper:
+# its window size $w$ counts the whole window, $\tfrac{1}{2} w$ tokens on each side, while the course's $w$ (the
+# `window` argument below) counts one side. Longformer's pretrained model uses a window of 512, which is 256 on
+# each side in the course's terms.
 #
 # ### Exercise 1 — `sliding_window_mask`
 # > **Difficulty** ●○○ · **Importance** ●●● · about 10 minutes
@@ -235,8 +247,11 @@ for n in [1024, 2048, 4096]:
 #
 # A window of $w$ neighbours sees only $w$ positions away. A **dilated** window keeps the same number of keys but
 # spreads them out, like a dilated convolution: query $i$ sees the keys $i + k \cdot r$ for $k = -w, \dots, w$,
-# where $r$ is the dilation. The reach grows to $w \cdot r$ at the same cost. Longformer gives some heads a
-# dilated window and others a plain one, so that together they see both the close and the far neighbours.
+# where $r$ is the dilation. The reach grows to $w \cdot r$ at the same cost. Beltagy et al. (2020) used dilation
+# in Longformer's character-level language models only: none in the lower layers, and in the higher layers a small
+# dilation on 2 heads, so that the other heads keep the close neighbours while these two reach further. Their
+# pretrained model for documents uses plain windows: adding dilation to a few heads hurt there, probably, they
+# write, because the RoBERTa weights it starts from were trained without it.
 #
 # ### Exercise 2 — `dilated_mask`
 # > **Difficulty** ●●○ · **Importance** ●●○ · about 10 minutes
@@ -394,7 +409,7 @@ for name, mask in patterns.items():
 # `receptive_field(sliding_window_mask(5, 1), 2)` equals `sliding_window_mask(5, 2)`.
 #
 # <details><summary>Hint 1 — the idea</summary>One more layer on top: output i reads the positions k its mask allows, and each of those already reached some inputs j. So the new reach is "mask times old reach". Start from the reach of zero layers: each position reaches only itself.</details>
-# <details><summary>Hint 2 — the plan</summary>PyTorch has no matrix product for booleans: turn both into floats, multiply, and turn the counts back into booleans, <code>(a.float() @ b.float()) &gt; 0</code>. Loop <code>n_layers</code> times, starting from <code>torch.eye(n, dtype=torch.bool)</code>; keep the order "mask on the left".</details>
+# <details><summary>Hint 2 — the plan</summary>PyTorch has no matrix product for booleans: turn both into floats, multiply, and turn the counts back into booleans, <code>(a.float() @ b.float()) &gt; 0</code>. Loop <code>n_layers</code> times, starting from <code>torch.eye(n, dtype=torch.bool)</code>. Every layer uses the same mask, and powers of one matrix commute, so <code>mask @ reach</code> and <code>reach @ mask</code> give the same result; what must not happen is a transpose, since row i is the output and column j the input.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "receptive_field", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def receptive_field(mask: torch.Tensor, n_layers: int) -> torch.Tensor:
@@ -463,8 +478,8 @@ plt.show()
 # The window of 2 needs 16 layers to cover all 64 positions from the middle: its field grows by 4 positions per
 # layer. The dilated window never gets there: every hop is a multiple of 4 positions, so it reaches the 16
 # positions a multiple of 4 away and not one more, however deep the stack. Its gaps are never filled, which is why
-# Longformer mixes dilated heads with plain ones. The window-plus-stride pair and the global token reach all 64
-# positions in 2 layers. And a field that *can* reach far is not yet a model that *uses* it well: information
+# Longformer's character-level models give a dilation to 2 heads of their higher layers only and plain windows to
+# all the others. The window-plus-stride pair and the global token reach all 64 positions in 2 layers. And a field that *can* reach far is not yet a model that *uses* it well: information
 # relayed through 16 layers is mixed at every step. That is why the long-range models combine the patterns: a
 # window for the local detail, global tokens or strides for the long hops.
 
@@ -494,8 +509,9 @@ for causal in (False, True):
     print(f"causal={causal!s:<5}: output {list(banded_out.shape)}, equal to dense attention under the mask "
           f"(to 1e-5): {torch.allclose(banded_out, dense_out, atol=1e-5)}")
 b = max(w, 16)  # the block size banded_attention chooses
-print(f"scores computed: dense {n * n:,}, banded {(n // b) * b * (b + 2 * w):,} "
-      f"(n / b blocks of b x (b + 2w)), of which in the band {int(sliding_window_mask_impl(n, w).sum()):,}")
+computed, in_band = (n // b) * b * (b + 2 * w), int(sliding_window_mask_impl(n, w).sum())
+print(f"scores computed: dense {n * n:,}, banded {computed:,} (n / b blocks of b x (b + 2w)), "
+      f"of which in the band {in_band:,}: {computed / in_band:.1f} x the band")
 
 # %% [markdown]
 # Banded attention computes about $1.5\times$ more scores than the band holds (the corners of each block's span
@@ -550,7 +566,8 @@ print(f"largest intermediate: n x n = {512 * 512:,} numbers the slow way, d x d_
 # running totals: $S_i = S_{i-1} + \phi(k_i) v_i^\top$ and $z_i = z_{i-1} + \phi(k_i)$. A running total along the
 # sequence is a **prefix sum**, `torch.cumsum`. Read one step at a time, it is a recurrent network whose state is
 # $(S_i, z_i)$: that is the "Transformers are RNNs" of the paper's title. Generating a token updates a state of fixed
-# size $d \times d_v$, where softmax attention's KV cache (chapter 07) grows with every token.
+# size $d \times d_v$, where softmax attention's KV cache (chapter 07) grows with every token. (The prefix sums you
+# are about to write compute every $S_i$ at once and keep them all; after the exercise we count what that costs.)
 #
 # ### Exercise 5 — `causal_linear_attention`
 # > **Difficulty** ●●● · **Importance** ●●○ · about 20 minutes
@@ -607,14 +624,71 @@ k2[:, 200:], v2[:, 200:] = torch.randn(1, 56, D), torch.randn(1, 56, D)  # a dif
 changed = causal_linear_attention_impl(q, k2, v2)
 print("outputs 0..199 unchanged when positions 200.. change:", torch.equal(ours[:, :200], changed[:, :200]))
 
+
+# %% [markdown]
+# ### One state, or one per position?
+#
+# `cumsum` returns every running total, so the prefix-sum form holds $S_i$ for every position: a tensor
+# `[n, d, d_v]`, $d_v$ times larger than the queries themselves. At $n = 4{,}096$ and $d = d_v = 64$ that is as much
+# memory as one dense $n \times n$ score matrix, the very thing linear attention set out to avoid, and the outer
+# products it sums take as much again. Katharopoulos et al. (2020, section 3.3.1) point this out: a naive
+# implementation keeps every $S_i$ for the backward pass, which multiplies the memory by the larger of the key and
+# value sizes. They write the gradients as cumulative sums as well, so that neither pass has to store the $S_i$,
+# and at generation time their model keeps only $S$ and $z$ (their section 3.4).
+#
+# The recurrent form is a loop over positions carrying one $S$ and one $z$: add $\phi(k_i) v_i^\top$ and
+# $\phi(k_i)$, read out position $i$, move on. It is the same arithmetic, position after position, so the outputs
+# agree up to rounding. A Python loop of $n$ small steps is slow, but it never holds more than one state:
+
+# %%
+def recurrent_linear_attention(q, k, v):
+    """Causal linear attention as an RNN: one state (S, z), updated position by position.
+    q, k: [..., n, d_k]; v: [..., n, d_v]. Returns [..., n, d_v]."""
+    phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1  # [..., n, d_k]
+    S = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])  # [..., d_k, d_v]: all the past it keeps
+    z = q.new_zeros(*q.shape[:-2], q.shape[-1])  # [..., d_k]
+    out = v.new_empty(*q.shape[:-1], v.shape[-1])  # [..., n, d_v]
+    for i in range(q.shape[-2]):
+        S += phi_k[..., i, :, None] * v[..., i, None, :]  # + phi(k_i) v_i^T, in place: no new state
+        z += phi_k[..., i, :]
+        out[..., i, :] = (phi_q[..., i, None, :] @ S).squeeze(-2) / (phi_q[..., i, :] * z).sum(-1, keepdim=True)
+    return out
+
+
+n = 4096
+q, k, v = random_qkv(n, seed=6)
+print("recurrent form == your prefix sums (to 1e-5):",
+      torch.allclose(recurrent_linear_attention(q, k, v), causal_linear_attention_impl(q, k, v), atol=1e-5))
+print(f"S_i for every position, [n, d, d_v] float32: {n * D * D * 4:>11,} bytes "
+      f"(one dense n x n float32 matrix: {n * n * 4:,} bytes)")
+print(f"one state, S [d, d_v] and z [d]:            {(D * D + D) * 4:>11,} bytes")
+prefix_peak = sparse.peak_memory(sparse.causal_linear_attention, q, k, v)
+recurrent_peak = sparse.peak_memory(recurrent_linear_attention, q, k, v)
+features = n * D * 4  # one [n, 64] float32 tensor
+print(f"\npeak memory of one call at n = {n}:")
+print(f"  prefix sums: {prefix_peak:>11,} bytes = 2 x {n * D * D * 4:,} (the outer products and their running sums)"
+      f" + {prefix_peak - 2 * n * D * D * 4:,}")
+print(f"  recurrent:   {recurrent_peak:>11,} bytes = 3 x {features:,} (phi(Q), phi(K), the output)"
+      f" + {recurrent_peak - 3 * features:,}")
+
+# %% [markdown]
+# The prefix sums peak at two `[n, d, d_v]` tensors plus the features $\phi(Q)$ and $\phi(K)$. The recurrent loop
+# holds $\phi(Q)$, $\phi(K)$ and the output, $n \times d$ numbers each, and beyond them only the state and one outer
+# product, $2 \cdot d \cdot d_v + d$ numbers, whatever $n$ is. In a real implementation the loop runs inside one
+# compiled kernel instead of $n$ Python steps (Katharopoulos et al. implemented their constant-memory version in
+# CUDA); the course keeps the prefix sums for the exercise because they read like the formula.
+
 # %% [markdown]
 # ### How far is linear attention from softmax attention?
 #
-# Linear attention is not an approximation of softmax attention that improves with more compute: it is a
-# different similarity, and a model has to be trained with it. How different? The exponential can make one key
-# dominate a row; $\phi(q)\cdot\phi(k)$ grows only linearly in each feature. The cell below scales the queries up,
-# which sharpens softmax attention, and compares the two on the same $q, k, v$ (256 tokens, $d = 64$): the relative
-# error of the output, and the largest weight in a row, on average.
+# With $\phi = \mathrm{elu} + 1$, linear attention is not an approximation of softmax attention: it is a different
+# similarity, and a model has to be trained with it. Other feature maps do approximate softmax. Performer
+# (Choromanski et al., 2021, "Rethinking Attention with Performers") draws random features whose dot product is an
+# unbiased estimate of $\exp(q \cdot k)$, and the estimate gets better as the number of random features, and the
+# cost, grows. How different is elu + 1? The exponential can make one key dominate a row; $\phi(q)\cdot\phi(k)$
+# grows only linearly in each feature. The cell below scales the queries up, which sharpens softmax attention, and
+# compares the two on the same $q, k, v$ (256 tokens, $d = 64$): the relative error of the output, and the largest
+# weight in a row, on average.
 #
 # **Predict**: as softmax attention gets sharper, does linear attention follow?
 
@@ -641,10 +715,51 @@ plt.show()
 
 # %% [markdown]
 # On these random inputs linear attention stays close to a uniform average (its largest weight, about 0.005, is
-# barely above $1/256 \approx 0.004$), while softmax attention puts up to half of a row's weight on a single key. At a query
-# scale of 4 the outputs are almost unrelated: the relative error is close to 1. A trained linear-attention model
-# learns features that make its similarity useful, and on some tasks it does well; but it cannot express the
-# nearly one-hot rows softmax attention produces at will, and that is the price of its linear cost.
+# barely above $1/256 \approx 0.004$), while at a query scale of 4 softmax attention gives a row's largest key 0.48 of
+# its weight on average. At that scale the outputs are almost unrelated: the relative error is close to 1.
+#
+# Scaling further would not help linear attention, and the formula says why. For a large factor $c$, each feature
+# of $\phi(c\,x)$ is $c\,x + 1$ where $x > 0$, and $e^{c\,x}$, which tends to 0, where $x < 0$; so $\phi(c\,q) / c$
+# tends to $\mathrm{relu}(q)$. The factor $c$ cancels between numerator and denominator, and the weights of query
+# $q$ tend to a fixed row, $\mathrm{relu}(q) \cdot \phi(k_j) / \sum_{j'} \mathrm{relu}(q) \cdot \phi(k_{j'})$,
+# instead of to a one-hot row as softmax's do. Whatever features a model learns, there is a second limit: the
+# matrix $\phi(Q)\phi(K)^\top$ is an $n \times d$ matrix times a $d \times n$ one, so its rank is at most $d$, and
+# dividing each row by its sum keeps it so. A weight matrix in which $n > d$ queries each put nearly all their
+# weight on a different key is close to a permutation matrix, and no matrix of rank at most $d$ comes close to a
+# permutation matrix of size $n > d$: in the Frobenius norm it stays at least $\sqrt{n - d}$ away, out of the
+# permutation's own $\sqrt{n}$ (Eckart & Young, 1936, "The approximation of one matrix by another of lower rank").
+# Softmax takes the exponential of each score separately, which does not keep the rank of $Q K^\top$. Both limits,
+# measured on the same 256 tokens:
+
+# %% tags=["nbval-ignore-output"]
+q, k, v = random_qkv(256, seed=7)  # the same tokens as above
+limit = F.relu(q) @ (F.elu(k) + 1).transpose(-2, -1)  # [1, 256, 256]: where the linear weights go as c grows
+limit = limit / limit.sum(-1, keepdim=True)
+print(f"{'query scale':>11} | {'largest weight: softmax':>23} | {'linear':>7} | {'linear, distance to its limit':>29}")
+for scale in [1.0, 10.0, 100.0, 1000.0]:
+    _, w_soft = scaled_dot_product_attention(q * scale, k, v)
+    _, w_lin = sparse.linear_attention_quadratic(q * scale, k, v)
+    print(f"{scale:>11} | {w_soft.amax(-1).mean().item():>23.3f} | {w_lin.amax(-1).mean().item():>7.4f} | "
+          f"{(w_lin - limit).abs().max().item():>29.1e}")
+claim(w_soft.amax(-1).mean() > 0.99 and w_lin.amax(-1).mean() < 0.01,
+      "queries scaled by 1000: softmax gives a row's largest key more than 0.99 of its weight on average, "
+      "linear attention less than 0.01", measured=f"{w_soft.amax(-1).mean():.4f}, {w_lin.amax(-1).mean():.4f}")
+claim((w_lin - limit).abs().max() < 1e-4, "and the linear weights are within 1e-4 of their limit row",
+      measured=f"{(w_lin - limit).abs().max():.1e}")
+
+_, w_soft = scaled_dot_product_attention(q, k, v)
+_, w_lin = sparse.linear_attention_quadratic(q, k, v)
+rank_soft, rank_lin = (int(torch.linalg.matrix_rank(w[0])) for w in (w_soft, w_lin))
+print(f"\nrank of the [256, 256] weight matrix: softmax {rank_soft}, linear {rank_lin}")
+claim(rank_lin <= D < rank_soft, f"the linear weights have rank at most d = {D}, the softmax weights more",
+      measured=f"softmax {rank_soft}, linear {rank_lin}")
+
+# %% [markdown]
+# A trained linear-attention model learns features that make its similarity useful, and on some tasks it does
+# well: Katharopoulos et al. (2020) report image generation about as good as with softmax attention, and speech
+# recognition better than their recurrent and Reformer baselines, though behind softmax attention. The limits above
+# are what it pays for its linear cost: a query cannot be sharpened by scaling it, and more than $d$ queries cannot
+# each attend sharply to a different key at once.
 #
 # Measured cost (the non-causal form):
 
@@ -769,9 +884,10 @@ print(f"largest score matrix held: [300, 64] = {300 * 64:,} numbers, not [300, 3
 
 # %% [markdown]
 # This Python loop does the same arithmetic as dense attention, plus some bookkeeping. What it changes on any
-# machine is the memory: only $n \times B$ scores at a time. Any difference in speed comes from memory traffic, the
-# very thing FlashAttention optimises: the readable dense path streams four $n \times n$ matrices through main
-# memory, while one block of scores can stay in the processor's cache. Measured, with blocks of 256 keys:
+# machine is the memory: one block of $n \times B$ scores at a time (and temporaries of that size), never
+# $n \times n$. Any difference in speed comes from memory traffic, the very thing FlashAttention optimises: the
+# readable dense path streams four $n \times n$ matrices through main memory, while a block of scores is $n / B$
+# times smaller and more likely to stay in the processor's cache. Measured, with blocks of 256 keys:
 
 # %% tags=["nbval-ignore-output", "timing"]
 measured["online"] = ({}, {})
@@ -786,9 +902,23 @@ print(f"\nfitted on n >= 1024: time slope {loglog_slope(seconds):.2f}, memory sl
 
 # %% [markdown]
 # Time still grows with slope about 2, memory with slope about 1: the online softmax attacks memory, not
-# arithmetic. On a GPU the saved memory traffic is what makes FlashAttention faster; the FLOPs are the same.
-# FlashAttention also tiles the queries, recomputes the blocks in the backward pass instead of storing them, and
-# fuses everything into one GPU kernel.
+# arithmetic. Why slope 1 and not a flat line? The loop tiles the keys only, so every block of scores spans all $n$
+# queries, `[n, B]`, and at its peak it holds three such tensors: a block of scores and the temporaries computed
+# from it. Memory is exact, so here is the peak in bytes:
+
+# %%
+for n in SIZES[2:]:
+    peak, block, acc = measured["online"][1][n], 4 * n * 256, 4 * n * D  # float32: 4 bytes a number
+    print(f"n = {n:>5}: peak {peak:>10,} bytes ({peak / 2**20:4.1f} MiB) = 3 x {block:>9,} ([n, 256] blocks) "
+          f"+ {acc:>9,} (the accumulator, [n, 64]) + {peak - 3 * block - acc:>6,}")
+
+# %% [markdown]
+# The remainder is a few vectors with one number per query ($m$, $\ell$ and their updates) and a one-byte flag.
+# Everything grows in proportion to $n$: far less than dense attention's $n^2$, but not the fixed working memory of
+# FlashAttention, which also tiles the queries. FlashAttention (Dao et al., 2022) takes a block of queries and a block of keys at a
+# time, both sized to fit on the chip, so only its output and two numbers per query ($m$ and $\ell$) grow with $n$.
+# It also recomputes the blocks in the backward pass instead of storing them, and fuses everything into one GPU
+# kernel. On a GPU the saved memory traffic is what makes it faster; the FLOPs are the same.
 #
 # ## 7. All of them side by side, and PyTorch's fused kernel
 #
@@ -829,14 +959,22 @@ fig.suptitle("one head, d = 64, on this CPU (log-log axes)")
 print(f"\nat n = {SIZES[-1]}: " + ", ".join(f"{name} {1e3 * s[SIZES[-1]]:.0f} ms" for name, (s, _) in measured.items()))
 fig.tight_layout()
 plt.show()
+online_slope, fused_slope = loglog_slope(measured["online"][1]), loglog_slope(measured["PyTorch fused"][1])
+others = min(loglog_slope(memory) for name, (_, memory) in measured.items() if name != "PyTorch fused")
+claim(abs(online_slope - 1) < 0.05 and fused_slope < min(0.9, others),
+      "memory slopes: the online softmax's is 1, the fused kernel's below 1 and the lowest of all",
+      measured=f"online {online_slope:.2f}, fused {fused_slope:.2f}, lowest of the others {others:.2f}")
 
 # %% [markdown]
 # Read the two panels together. Dense attention is quadratic in both. The fused kernel does the same arithmetic
 # (its time slope is about 2, like dense attention's) faster than the readable path, and its memory stays at a
-# few megabytes: it never stores the score matrix. The online softmax shows the same memory profile, from a Python
-# loop. Banded and linear attention are the
-# only ones whose *time* grows linearly, because they compute less: banded attention by dropping pairs, linear
-# attention by changing what is computed.
+# few megabytes: it never stores the score matrix. Its memory slope is the lowest of all, below 1: PyTorch's CPU
+# kernel works on tiles of a fixed number of queries and keys, with one set of tile buffers per thread, so its
+# working memory does not depend on $n$; only its output, $n \times d$ numbers, and one number per query grow. The
+# library's online softmax does not share that profile. Its memory grows with slope 1 (13.1 MiB at $n = 4{,}096$,
+# counted in bytes in section 6), because its Python loop tiles the keys only and every block spans all $n$
+# queries. Banded and linear attention are the only ones whose *time* grows linearly, because they compute less:
+# banded attention by dropping pairs, linear attention by changing what is computed.
 #
 # The same comparison as counts, exact for each method's algorithm ($d = d_v = 64$, window $w = 64$, block
 # $B = 256$):
@@ -866,7 +1004,7 @@ for method in ["dense", "banded", "linear", "online"]:
 # ## Summary
 #
 # * Dense attention costs $4 n^2 d$ FLOPs and holds an $n \times n$ matrix per head: doubling $n$ quadruples both.
-#   Measured on a log-log plot, the memory slope was 2 and the time slope 2 or more at large $n$.
+#   Measured on a log-log plot, the memory slope was 2 and the time slope about 2 or more at large $n$.
 # * **Sparse patterns** (Prince, section 12.9) keep a constant number of keys per query: a **sliding window**
 #   ($|i - j| \le w$; causal: $0 \le i - j \le w$), a **dilated** window (gaps counted from the query, reach
 #   $w \cdot r$), **selected global positions** (rows and columns on), and **global tokens** (new hub tokens in
@@ -876,11 +1014,15 @@ for method in ["dense", "banded", "linear", "online"]:
 # * **Banded attention** computes only the band, block by block: equal to dense attention under the window mask,
 #   with time and memory slopes near 1.
 # * **Linear attention** with $\phi = \mathrm{elu} + 1$ reorders $(\phi(Q)\phi(K)^\top)V$ as
-#   $\phi(Q)(\phi(K)^\top V)$: $O(n d^2)$. Its causal form is a prefix sum, an RNN with a fixed-size state. It is a
-#   different model: on random inputs its weights stay close to uniform where softmax attention is sharp.
+#   $\phi(Q)(\phi(K)^\top V)$: $O(n d^2)$. Its causal form is a prefix sum, which stores a $d \times d_v$ state per
+#   position; run as an RNN it keeps one. It is a different model, not an approximation of softmax attention (random
+#   features, as in Performer, would approximate it): on random inputs its weights stay close to uniform where
+#   softmax attention is sharp, scaling a query does not sharpen them, and its weight matrix has rank at most $d$.
 # * The **online softmax** keeps a running maximum and sum and rescales when the maximum grows. It is exact, never
-#   holds the $n \times n$ matrix, and does the same arithmetic: FlashAttention wins on memory traffic.
-#   PyTorch's fused `scaled_dot_product_attention` works the same way.
+#   holds the $n \times n$ matrix, and does the same arithmetic: FlashAttention wins on memory traffic. Tiling
+#   the keys only, as the course's loop does, leaves memory growing like $n$; FlashAttention and PyTorch's fused
+#   `scaled_dot_product_attention` tile the queries too, and only their output and a number or two per query grow
+#   with $n$.
 #
 # ## What's next
 #
