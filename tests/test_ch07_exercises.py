@@ -225,9 +225,77 @@ def test_train_step_checker_runs_two_real_steps():
     run = TrainingRun(TinyModel(1))
     out = _invoke_train_step(train_step, check_train_step.cases()[0])
     initial = dict(run.model.build().named_parameters())
+    assert set(out["parameters after step 1"]) == set(initial)  # every parameter is compared, by name
     for name, value in out["parameters after step 1"].items():
-        assert not torch.equal(value, initial[name].detach()), f"{name} did not move"
+        if name.endswith("w_k.bias"):
+            # A key bias adds the same q . b to every score of a query's row, and softmax ignores a
+            # constant shift: its gradient is zero, and the reference leaves it where it started.
+            assert torch.equal(value, initial[name].detach()), name
+        else:
+            assert not torch.equal(value, initial[name].detach()), f"{name} did not move"
     assert out["loss of step 1"] != out["loss of step 2"]
     # The step's learning rate after two scheduler steps: LambdaLR at step 2 of the schedule.
     _, _, scheduler, _ = _training_setup(run)
     assert out["learning rate after step 2"] == pytest.approx(scheduler.lr_lambdas[0](2))
+
+
+def _step_without_the_encoders_update(model, batch, loss_fn, optimizer, scheduler, max_norm):
+    """Right loss, right clipping, right order, but the encoder's gradients are dropped before the update."""
+    optimizer.zero_grad()
+    loss = loss_fn(model(batch.src, batch.decoder_input, batch.src_mask, batch.tgt_mask), batch.target)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    for p in model.encoder.parameters():
+        p.grad = None  # optimizer.step() skips a parameter without a gradient
+    optimizer.step()
+    scheduler.step()
+    return loss.item()
+
+
+@pytest.mark.parametrize("hidden", [False, True], ids=["visible", "hidden"])
+def test_train_step_checker_rejects_a_step_that_updates_only_some_parameters(hidden):
+    outputs = check_train_step.collect_outputs(_step_without_the_encoders_update, hidden)
+    expected = check_train_step.collect_outputs(train_step, hidden)
+    # After the first step only the encoder's tensors differ from the reference's: the decoder and the
+    # generator got exactly the reference's update, so only a comparison of every tensor sees the fault.
+    ours, reference = outputs[0]["parameters after step 1"], expected[0]["parameters after step 1"]
+    differ = {name for name in reference if not torch.equal(ours[name], reference[name])}
+    assert differ and all(name.startswith("encoder.") for name in differ), differ
+    verdict = check_train_step.judge(outputs, hidden)
+    assert not verdict.passed
+    assert verdict.mistake == "some parameters that never changed, where the reference's step changes them"
+    assert "Every weight of the model must take part in the update" in verdict.message
+
+
+def test_train_step_checker_names_an_encoder_run_without_gradients():
+    from transformer_lib.checks.ch07 import _step_encoder_without_gradients
+
+    verdict = check_train_step.judge(check_train_step.collect_outputs(_step_encoder_without_gradients))
+    assert not verdict.passed
+    assert verdict.mistake.startswith("the encoder never learns"), verdict.message
+
+
+# ---------------------------------------------------------------- sampling with the learner's top-k filter
+
+
+def test_sample_next_token_uses_the_given_filter_only_where_the_exercise_defines_it():
+    from transformer_lib.decoding import sample_next_token, top_k_filter
+
+    calls = []
+
+    def learners_filter(logits, k):
+        calls.append(k)
+        return top_k_filter(logits, k)
+
+    logits = torch.tensor([[2.0, 1.5, 0.5, -0.5, -1.0]]).repeat(200, 1)  # [200, 5]
+    for top_k in [None, 2, 5, 7]:
+        ours = sample_next_token(logits, 0.7, top_k, torch.Generator().manual_seed(4), filter_fn=learners_filter)
+        library = sample_next_token(logits, 0.7, top_k, torch.Generator().manual_seed(4))
+        assert torch.equal(ours, library)
+    assert calls == [2]  # k = None, and k >= vocab, need no filter: 1 <= k < vocab is the exercise's range
+
+    def keeps_everything(logits, k):
+        return logits
+
+    draws = sample_next_token(logits, 1.0, 2, torch.Generator().manual_seed(0), filter_fn=keeps_everything)
+    assert (draws >= 2).any()  # the given filter, not the library's, decided which tokens could come up

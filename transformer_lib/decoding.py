@@ -77,6 +77,7 @@ def sample_next_token(
     temperature: float = 1.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
+    filter_fn=None,
 ) -> torch.Tensor:
     """Draw one token per row from softmax(logits / temperature), optionally among the top k only.
 
@@ -87,6 +88,8 @@ def sample_next_token(
     distribution collapses onto the largest logit, so the limit is argmax (greedy decoding).
     temperature = 0 itself would divide by zero: use greedy_decode for that.
     Pass a seeded torch.Generator to make the draws reproducible.
+    filter_fn(logits, k) replaces this module's top_k_filter (chapter 07 passes the learner's);
+    it is called only when 1 <= top_k < vocab, the range its exercise asks for.
     """
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         shape = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
@@ -100,7 +103,13 @@ def sample_next_token(
         )
     if math.isinf(temperature):
         raise ValueError("temperature must be finite (an infinite temperature would be the uniform distribution)")
-    scaled = top_k_filter(logits / temperature, top_k)  # [batch, vocab]
+    scaled = logits / temperature  # [batch, vocab]
+    if top_k is not None:
+        k = _positive_int(top_k, "top_k")
+        if filter_fn is not None and k < logits.shape[-1]:
+            scaled = filter_fn(scaled, k)  # [batch, vocab]
+        else:
+            scaled = top_k_filter(scaled, k)  # [batch, vocab]
     # softmax in float32 at least: float16 probabilities lose the small ones.
     probs = torch.softmax(scaled.float(), dim=-1)  # [batch, vocab]
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)  # [batch]

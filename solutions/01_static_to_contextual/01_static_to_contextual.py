@@ -511,9 +511,9 @@ plt.show()
 # The Transformer keeps the lookup table, but treats its vectors as **initial** representations. Each
 # word then looks at the other words of its sentence and takes in some of their vectors:
 #
-# $$x'_i = \sum_j \alpha_{ij}\, x_j, \qquad \alpha_{ij} = \frac{\exp(s \cdot \cos(x_i, x_j))}{\sum_{j'} \exp(s \cdot \cos(x_i, x_{j'}))}.$$
+# $$x'_i = \sum_j a_{ij}\, x_j, \qquad a_{ij} = \frac{\exp(s \cdot \cos(x_i, x_j))}{\sum_{j'} \exp(s \cdot \cos(x_i, x_{j'}))}.$$
 #
-# The weights $\alpha_{ij}$ — **attention weights** — are a softmax over the sentence: positive, summing to
+# The weights $a_{ij}$ — **attention weights** — are a softmax over the sentence: positive, summing to
 # one, larger for the words most similar to word $i$. The *sharpness* $s$ sets how strongly the weights
 # prefer the most similar words (we use $s = 2$). The same word in two sentences sees two different
 # sets of neighbours, so it gets two different vectors.
@@ -529,7 +529,7 @@ plt.show()
 #
 # * `vectors`: `[..., L, d]`, the static vectors of the $L$ words of a sentence (possibly a batch of sentences);
 # * `sharpness`: the number $s$ that multiplies the cosines;
-# * returns `[..., L, d]`: row $i$ is $x'_i = \sum_j \alpha_{ij} x_j$, with the weights $\alpha_{ij}$ of the formula above.
+# * returns `[..., L, d]`: row $i$ is $x'_i = \sum_j a_{ij} x_j$, with the weights $a_{ij}$ of the formula above.
 #
 # The cosines only *choose* the weights; the average is taken of the static vectors themselves. The
 # softmax must be stable for a large sharpness (subtract each row's maximum before `exp`, or use
@@ -567,7 +567,9 @@ check_contextual_vectors(contextual_vectors, hidden=True)
 contextual_vectors_impl = yours_or_reference(contextual_vectors, check_contextual_vectors)
 
 # %%
-print(contextual_vectors_impl(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]), 1.0))
+example = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])  # the worked example's three words
+print("weights of word 0:", torch.softmax(cosine_similarity_impl(example, example)[0], dim=-1))
+print(contextual_vectors_impl(example, 1.0))
 
 # %% [markdown]
 # Now *apple* in two sentences it has never seen. For each sentence we print the weights with which
@@ -681,10 +683,11 @@ plt.show()
 # ones that matter now: to write *verte* it should look at *green*. In the simple **dot-product** form
 # (Luong et al., 2015):
 #
-# $$e_{tj} = s_t \cdot h_j \quad \text{(score)}, \qquad \alpha_{tj} = \frac{\exp(e_{tj})}{\sum_{j'} \exp(e_{tj'})} \quad \text{(weights)}, \qquad c_t = \sum_j \alpha_{tj}\, h_j \quad \text{(context vector)}.$$
+# $$e_{tj} = s_t \cdot h_j \quad \text{(score)}, \qquad a_{tj} = \frac{\exp(e_{tj})}{\sum_{j'} \exp(e_{tj'})} \quad \text{(weights)}, \qquad c_t = \sum_j a_{tj}\, h_j \quad \text{(context vector)}.$$
 #
-# The weights $\alpha_{t\cdot}$ say *where the decoder looks* while writing word $t$: a soft **alignment**
-# between target and source words. The context vector $c_t$ is what it reads there.
+# The weights $a_{t\cdot}$ say *where the decoder looks* while writing word $t$: a soft **alignment**
+# between target and source words. The context vector $c_t$ is what it reads there. (Bahdanau et al. write the
+# weights with the letter $\alpha$; this course writes attention weights $a$ in every chapter.)
 
 # %% [markdown]
 # ### Exercise 5 — `alignment`

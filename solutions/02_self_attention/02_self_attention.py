@@ -139,8 +139,8 @@ project_qkv_impl = yours_or_reference(project_qkv, check_project_qkv)
 # %% [markdown]
 # Here are the matrices of the toy example we will work through in section 6, from Raimi Karim's article
 # "Illustrated: Self-Attention" (Towards Data Science, 2019): three tokens with $d_{model} = 4$ features,
-# projected to $d_k = d_v = 3$. The three inputs, $W^Q$ and $W^K$ are the article's; $W^V$ is our choice, and
-# section 6 shows that with it we reproduce the article's result.
+# projected to $d_k = d_v = 3$. The three inputs and all three matrices, $W^Q$, $W^K$ and $W^V$, are the article's
+# (Karim prints them as `w_query`, `w_key` and `w_value`), and section 6 reproduces the article's result with them.
 
 # %%
 x_toy = torch.tensor([[1.0, 0.0, 1.0, 0.0],   # token 1
@@ -226,6 +226,7 @@ for d in d_ks:
     scaled = raw / math.sqrt(d)
     results.append((d, raw.var().item(), scaled.var().item(), *saturation(raw), *saturation(scaled)))
 
+print(f"{n_keys} keys: a uniform softmax would give each key weight 1/{n_keys} = {1 / n_keys}")
 print(f"{'d_k':>5} | {'Var raw':>8} {'Var scaled':>10} | {'max w raw':>9} {'max w scaled':>12} | {'grad raw':>8} {'grad scaled':>11}")
 for d, v_raw, v_scaled, w_raw, g_raw, w_scaled, g_scaled in results:
     print(f"{d:>5} | {v_raw:>8.1f} {v_scaled:>10.2f} | {w_raw:>9.3f} {w_scaled:>12.3f} | {g_raw:>8.4f} {g_scaled:>11.4f}")
@@ -320,7 +321,8 @@ print("scaled scores of 'Thinking':", thinking_scores)
 
 # %%
 f32_max = torch.finfo(torch.float32).max
-print(f"largest float32: {f32_max:.3g}, so exp(s) overflows above s = {math.log(f32_max):.1f}")
+mantissa, exponent = f"{f32_max:.1e}".split("e")
+print(f"largest float32: about {mantissa} x 10^{int(exponent)}, so exp(s) overflows above s = {math.log(f32_max):.1f}")
 
 big = torch.tensor([1000.0, 1001.0, 1002.0])
 naive = big.exp() / big.exp().sum()
@@ -534,7 +536,7 @@ out_exact = softmax_impl(Q_toy @ K_toy.T) @ V_toy  # [3, d_v], every token, unsc
 delta = rounded_1 - weights_1
 print("exact output of token 1       :", [f"{z:.2f}" for z in out_exact[0].tolist()])
 print("weight changes from rounding  :", delta)
-print("their effect, sum (dw_j * v_j):", delta @ V_toy)
+print("their effect, sum (da_j * v_j):", delta @ V_toy)
 print("exact + effect                :", out_exact[0] + delta @ V_toy)
 
 # %% [markdown]

@@ -35,6 +35,9 @@
 #
 # $$\mathrm{MultiHead}(Q, K, V) = \mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_h)\, W^O,
 # \qquad \mathrm{head}_i = \mathrm{Attention}(Q W_i^Q,\; K W_i^K,\; V W_i^V).$$
+#
+# The paper numbers the heads 1 to $h$. From here on, the chapter counts them from 0, as the code does:
+# head 0 to head $h - 1$, so the paper's $\mathrm{head}_1$ is our head 0.
 
 # %%
 import math
@@ -157,7 +160,7 @@ plt.show()
 # ## 3. Splitting d_model into heads
 #
 # We could keep $h$ separate little matrices $W_i^Q$ of size $d_{model} \times d_k$. Instead, implementations
-# put them side by side in **one** $d_{model} \times d_{model}$ matrix $W^Q = [\,W_1^Q \mid W_2^Q \mid \dots \mid W_h^Q\,]$:
+# put them side by side in **one** $d_{model} \times d_{model}$ matrix $W^Q = [\,W_0^Q \mid W_1^Q \mid \dots \mid W_{h-1}^Q\,]$:
 # one matrix product computes the queries of every head at once, and head $i$'s queries are simply the
 # columns $i \cdot d_k, \dots, (i+1) \cdot d_k - 1$ of the result.
 #
@@ -325,9 +328,9 @@ print("same output as the library's layer (to 1e-6):", torch.allclose(out, layer
 #
 # After the concatenation, feature $i \cdot d_k + m$ of a position is simply feature $m$ of head $i$: the heads
 # sit in separate slots and have not met. $W^O$ is where they meet. Cut $W^O$ into $h$ horizontal blocks of
-# $d_k$ rows, $W^O_1, \dots, W^O_h$; a block matrix product gives
+# $d_k$ rows, $W^O_0, \dots, W^O_{h-1}$; a block matrix product gives
 #
-# $$\mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_h)\, W^O = \sum_{i=1}^{h} \mathrm{head}_i\, W^O_i .$$
+# $$\mathrm{Concat}(\mathrm{head}_0, \dots, \mathrm{head}_{h-1})\, W^O = \sum_{i=0}^{h-1} \mathrm{head}_i\, W^O_i .$$
 #
 # So every output feature is a learned combination of **all** heads: each head writes its findings into the
 # output through its own $d_k \times d_{model}$ block. Leaving $W^O$ out is a classic bug: the layer still runs
@@ -350,10 +353,12 @@ print("size (norm) of each head's term head_i W^O_i:", [f"{s:.2f}" for s in shar
 #
 # ### One mask for every head
 #
-# Chapter 02's masks hide keys from queries: boolean, `True` = may attend, of shape `[L_q, L_k]` (the causal
-# mask) or, for a batch of sentences of different lengths, one row of visible keys per sentence:
-# `[batch, 1, L_k]`. The `1` there means "the same for every query": it broadcasts over the queries. This
-# chapter accepts exactly these shapes, plus a full `[batch, L_q, L_k]`.
+# A mask hides keys from queries: boolean, `True` = may attend, broadcast to the scores (chapter 02). Two shapes
+# come up in practice. A decoder's causal mask is `[L_q, L_k]`, the same for every sentence. A batch of sentences
+# of different lengths needs one row of visible keys per sentence, `[batch, 1, L_k]`, which hides each sentence's
+# padding. (Chapter 06 builds padding masks from the token ids; in this chapter we write them by hand.) The `1`
+# there means "the same for every query": it broadcasts over the queries. This chapter accepts exactly these
+# shapes, plus a full `[batch, L_q, L_k]`.
 #
 # The scores now have one more dimension, `[batch, heads, L_q, L_k]`, and **broadcasting lines dimensions up
 # from the right**. A 2-D mask `[L_q, L_k]` is fine: it broadcasts over batch and heads. A 3-D mask is not:

@@ -336,6 +336,8 @@ print(f"largest difference between the two outputs of 打: {(pos_out_a[0, 1] - p
 # %%
 draw_rotation_circle(k=2, d_model=16, pairs=(0, 1))
 plt.show()
+omega = sinusoidal_frequencies(16)  # [8]: the frequency of each pair, for d_model = 16
+print("turn for k = 2:", ",  ".join(f"pair {i} by 2 x {omega[i]:.4f} = {2 * omega[i]:.2f} rad" for i in (0, 1)))
 
 # %% [markdown]
 # ### Exercise 3 — `rotation_for_offset`
@@ -538,8 +540,12 @@ for d in (8, 64, 512):
 # positions live, to 99%, in about 30 directions that carry only about 6% of a random word vector's
 # energy. The sum $x + p$ then keeps both readable: a projection onto those few directions mostly sees
 # the position, a projection onto the rest mostly sees the word. Addition is almost a concatenation
-# that the model gets for free. (Chapter 08 adds one more detail: the paper multiplies the embeddings
-# by $\sqrt{d_{model}}$ before adding, so that words are not drowned by position vectors of entries of size 1.)
+# that the model gets for free.
+#
+# One more detail, for chapter 08: the paper multiplies the embeddings by $\sqrt{d_{model}}$ before adding the
+# positions (Vaswani et al., 2017, section 3.4), and does not say why. This course reads it as a balance, so that
+# words with small initial embeddings are not drowned by position vectors whose entries are of size 1; chapter 08
+# measures when that balance holds and when it does not.
 
 # %% [markdown]
 # ## 7. Learned absolute positions

@@ -210,7 +210,9 @@ layer_norm_impl = yours_or_reference(layer_norm, check_layer_norm)
 # `nn.LayerNorm` with the same random $\gamma$ and $\beta$:
 
 # %%
-print(layer_norm_impl(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.ones(4), torch.zeros(4)))
+example = torch.tensor([1.0, 2.0, 3.0, 4.0])
+print(f"mean {example.mean().item()}, biased variance {example.var(unbiased=False).item()}")
+print(layer_norm_impl(example, torch.ones(4), torch.zeros(4)))
 print(layer_norm_impl(torch.tensor([2.0, 2.0, 2.0]), torch.ones(3), torch.zeros(3)))
 
 x = torch.randn(2, 5, 16) * 3 + 1  # [batch, seq, d]
@@ -317,6 +319,12 @@ check_batch_norm(batch_norm, hidden=True)
 
 # %%
 batch_norm_impl = yours_or_reference(batch_norm, check_batch_norm)
+
+# %% [markdown]
+# The worked example:
+
+# %%
+print(batch_norm_impl(torch.tensor([[[1.0], [3.0]], [[5.0], [0.0]]]), torch.tensor([[True, True], [True, False]])))
 
 # %% [markdown]
 # Now the interference. We take three "sentences" of 4, 7 and 2 tokens with 8 features each (random vectors,
@@ -946,6 +954,7 @@ print(f"one layer:              {per_layer:>12,}")
 print(f"the base encoder (N=6): {count_parameters(base_encoder):>12,}")
 print(f"check: 6 x (4 (512^2 + 512) + 2 (512 * 2048) + 2048 + 512 + 4 * 512) = "
       f"{6 * (4 * (512**2 + 512) + 2 * 512 * 2048 + 2048 + 512 + 4 * 512):,}")
+print(f"about {count_parameters(base_encoder) / 1e6:.1f} million")
 
 # %% [markdown]
 # About 18.9 million parameters, before any embedding: the decoder (chapter 06) has a third sub-layer per layer, and

@@ -71,13 +71,14 @@ torch.set_printoptions(precision=4, sci_mode=False)
 #
 # $$P(y_1, \dots, y_T \mid x) = \prod_{t=1}^{T} P(y_t \mid y_1, \dots, y_{t-1}, x).$$
 #
-# At **generation** time this is a loop: start from a begin-of-sentence token `<s>`, predict a word, append it,
-# predict the next one, and so on. At **training** time we already know the whole target, so we feed it all at
-# once, shifted one step to the right, and ask every position for the *next* token. This is **teacher
-# forcing**: the decoder's input at each step is the true previous token, not its own guess.
+# At **generation** time this is a loop: start from a beginning-of-sequence token `<bos>`, predict a word, append
+# it, predict the next one, and so on, until the model writes the end-of-sequence token `<eos>`. At **training**
+# time we already know the whole target, so we feed it all at once, shifted one step to the right, and ask every
+# position for the *next* token. This is **teacher forcing**: the decoder's input at each step is the true
+# previous token, not its own guess.
 
 # %%
-TGT_VOCAB = ["<pad>", "<s>", "</s>", "I", "am", "a", "student", "you", "are", "hello"]
+TGT_VOCAB = ["<pad>", "<bos>", "<eos>", "I", "am", "a", "student", "you", "are", "hello"]
 SRC_VOCAB = ["<pad>", "je", "suis", "étudiant", "tu", "es", "bonjour"]
 PAD = 0  # the padding id, in both vocabularies
 
@@ -86,8 +87,8 @@ def ids(words, vocab):
     return torch.tensor([vocab.index(w) for w in words])
 
 
-target = ["I", "am", "a", "student", "</s>"]
-decoder_input = ["<s>"] + target[:-1]  # shifted right: position t reads token t-1 of the target
+target = ["I", "am", "a", "student", "<eos>"]
+decoder_input = ["<bos>"] + target[:-1]  # shifted right: position t reads token t-1 of the target
 for t, (seen, wanted) in enumerate(zip(decoder_input, target)):
     print(f"position {t}: input {seen!r:>10}  ->  must predict {wanted!r}")
 
@@ -177,7 +178,7 @@ make_causal_mask_impl = yours_or_reference(make_causal_mask, check_make_causal_m
 
 # %% [markdown]
 # Here is the mask of our five decoder positions, drawn as a grid. Read it by rows: the query `am` (row 2) may
-# look at `<s>`, `I` and itself.
+# look at `<bos>`, `I` and itself.
 
 # %%
 causal = make_causal_mask_impl(L)  # [5, 5]
@@ -288,9 +289,9 @@ print("weight each query puts on future keys, causal :", [f"{w:.2f}" for w in (w
 
 # %%
 batch_words = [
-    ["<s>", "I", "am", "a", "student"],
-    ["<s>", "you", "are", "<pad>", "<pad>"],
-    ["<s>", "hello", "<pad>", "<pad>", "<pad>"],
+    ["<bos>", "I", "am", "a", "student"],
+    ["<bos>", "you", "are", "<pad>", "<pad>"],
+    ["<bos>", "hello", "<pad>", "<pad>", "<pad>"],
 ]
 tgt = torch.stack([ids(w, TGT_VOCAB) for w in batch_words])  # [batch=3, tgt_len=5]
 print(tgt)
@@ -354,7 +355,7 @@ make_padding_mask_impl = yours_or_reference(make_padding_mask, check_make_paddin
 
 # %% [markdown]
 # Does the mask make a sentence's outputs independent of its padding? Take *you are* (sentence 1) and run
-# self-attention on it twice: alone, as the 3 tokens `<s> you are`, and inside the padded batch, where it has
+# self-attention on it twice: alone, as the 3 tokens `<bos> you are`, and inside the padded batch, where it has
 # two `<pad>` tokens at the end. Compare the outputs of its three real positions.
 
 # %%
@@ -365,7 +366,7 @@ pad_mask = make_padding_mask_impl(tgt, PAD)  # [3, 1, 1, 5]
 print("padding mask shape:", list(pad_mask.shape))
 
 with torch.no_grad():
-    alone = embed(tgt[1:2, :3])  # [1, 3, d_model]: "<s> you are", no padding
+    alone = embed(tgt[1:2, :3])  # [1, 3, d_model]: "<bos> you are", no padding
     batch = embed(tgt)           # [3, 5, d_model]: the padded batch
     out_alone = self_attn(alone, alone, alone)
     out_masked = self_attn(batch, batch, batch, mask=pad_mask)[1:2, :3]
@@ -395,11 +396,11 @@ print(f"without the padding mask: largest difference {(out_unmasked - out_alone)
 
 # %%
 batch5_words = [
-    ["<s>", "I", "am", "a", "student"],
-    ["<s>", "you", "are", "<pad>", "<pad>"],
-    ["<s>", "hello", "<pad>", "<pad>", "<pad>"],
-    ["<s>", "I", "am", "<pad>", "<pad>"],
-    ["<s>", "you", "are", "a", "<pad>"],
+    ["<bos>", "I", "am", "a", "student"],
+    ["<bos>", "you", "are", "<pad>", "<pad>"],
+    ["<bos>", "hello", "<pad>", "<pad>", "<pad>"],
+    ["<bos>", "I", "am", "<pad>", "<pad>"],
+    ["<bos>", "you", "are", "a", "<pad>"],
 ]
 tgt5 = torch.stack([ids(w, TGT_VOCAB) for w in batch5_words])  # [batch=5, seq=5]
 real5 = tgt5 != PAD                                            # [batch, seq]
@@ -536,7 +537,7 @@ plt.show()
 print("visible keys per query of 'you are':", tgt_mask[b, 0].sum(dim=-1).tolist())
 
 # %% [markdown]
-# Every row keeps at least one True: key 0, the `<s>` token, is real and is never in anybody's future. With
+# Every row keeps at least one True: key 0, the `<bos>` token, is real and is never in anybody's future. With
 # padding at the end (right padding) and a begin token first, the decoder's self-attention never has an
 # empty row. Section 7 shows what happens when one does.
 
@@ -768,7 +769,7 @@ for name, module, mask in [("encoder self-attention", enc_self, src_mask),
 # ### Pitfall 1: masking after the softmax
 #
 # A tempting shortcut: compute the usual softmax, then zero the weights of the hidden keys (or multiply by the
-# mask). Take the query `I` (position 1): it may see `<s>` and itself, not the three keys after it.
+# mask). Take the query `I` (position 1): it may see `<bos>` and itself, not the three keys after it.
 
 # %%
 scores_I = torch.tensor([1.0, 2.0, 0.5, 3.0, 1.5])  # query "I" against the 5 keys
@@ -794,7 +795,7 @@ for name, s in [("original future score", scores_I), ("changed future score ", s
     print(f"{name}: late mask {late[:2]}   early mask {early[:2]}")
 
 # %% [markdown]
-# With the late mask, the weights on `<s>` and `I` depend on the future token: position 1 can still learn
+# With the late mask, the weights on `<bos>` and `I` depend on the future token: position 1 can still learn
 # from position 3. With the mask applied to the scores, they do not move. Rule: **mask the scores, then take the
 # softmax.**
 #
@@ -954,7 +955,7 @@ def naive_attention(q, k, v, mask):
     return softmax(scores.masked_fill(~mask, float("-inf"))) @ v
 
 
-real = tgt[1] != PAD                          # "<s> you are <pad> <pad>": [T, T, T, F, F]
+real = tgt[1] != PAD                          # "<bos> you are <pad> <pad>": [T, T, T, F, F]
 keys_only = real[None, :].expand(L, L)        # [5, 5]: hide padded keys (section 3)
 rows_too = keys_only & real[:, None]          # [5, 5]: ... and padded queries as well
 print("visible keys per query, rows hidden too:", rows_too.sum(-1).tolist())
@@ -984,7 +985,7 @@ print("masked_softmax: NaN anywhere?", bool(h1.isnan().any() or h2.isnan().any()
 # the causal mask AND the padding mask leave the first rows empty:
 
 # %%
-left_padded = torch.tensor([[PAD, PAD, 1, 7, 8]])  # "<pad> <pad> <s> you are"
+left_padded = torch.tensor([[PAD, PAD, 1, 7, 8]])  # "<pad> <pad> <bos> you are"
 print("visible keys per query, left padding:", combine_decoder_mask_impl(left_padded, PAD)[0, 0].sum(-1).tolist())
 
 # %% [markdown]
@@ -1031,7 +1032,7 @@ exercise_summary(check_make_causal_mask, check_make_padding_mask, check_combine_
 # | decoder | 解码器 | the half of the Transformer that generates the target sequence token by token |
 # | autoregressive | 自回归 | each token is predicted from the tokens before it: $P(y_t \mid y_{<t}, x)$ |
 # | teacher forcing | 教师强制 | training with the true previous tokens as decoder input, all positions at once |
-# | shifted right | 右移一位 | the decoder input is `<s>` followed by the target without its last token |
+# | shifted right | 右移一位 | the decoder input is `<bos>` followed by the target without its last token |
 # | mask | 掩码 | boolean tensor, True = may attend, applied to the scores before the softmax |
 # | causal mask / look-ahead mask | 因果掩码 / 序列掩码（下三角） | lower triangle: position $i$ may see positions $j \le i$ only |
 # | padding | 填充 | filler tokens that make sentences of different lengths one rectangular tensor |

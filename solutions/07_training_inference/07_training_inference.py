@@ -11,8 +11,9 @@
 #
 # Chapters 01 to 06 built every part of the Transformer: attention, heads, positions, the encoder and decoder
 # layers, and their masks. The model in `transformer_lib.layers.EncoderDecoder` is complete, but untrained:
-# its weights are random, and it knows nothing. This chapter trains one, on one CPU thread, in about a minute,
-# and then uses it.
+# its weights are random, and it knows nothing. This chapter trains one, 400 steps on a single CPU thread, and
+# then uses it. Section 8 prints how long the training took on your machine: on the machines this course was built
+# on, one to two minutes.
 #
 # The task is small but real: read a date written by a human, in any of a dozen styles, and write it in the
 # ISO 8601 form computers agree on.
@@ -207,19 +208,19 @@ print("log_softmax(z) :", torch.log_softmax(z, dim=-1))
 #   tail of unlikely tokens, each rare but many together, can never derail the output.
 #
 # Here are 1,000 draws from a made-up distribution over five tokens (`transformer_lib.decoding.sample_next_token`,
-# with a seeded generator so that the counts are the same on every run):
+# with a seeded generator so that the counts are the same on every run), at three temperatures:
 
 # %%
 toy_logits = torch.tensor([[2.0, 1.5, 0.5, -0.5, -1.0]])  # [1, 5]
 print("probabilities:", [round(p, 3) for p in torch.softmax(toy_logits, -1)[0].tolist()])
-for temperature, top_k in [(1.0, None), (0.5, None), (2.0, None), (1.0, 2)]:
+for temperature in [1.0, 0.5, 2.0]:
     g = torch.Generator().manual_seed(0)
-    draws = torch.cat([sample_next_token(toy_logits, temperature, top_k, generator=g) for _ in range(1000)])
-    print(f"temperature {temperature}, top_k {str(top_k):>4}: counts {torch.bincount(draws, minlength=5).tolist()}")
+    draws = torch.cat([sample_next_token(toy_logits, temperature, generator=g) for _ in range(1000)])
+    print(f"temperature {temperature}: counts {torch.bincount(draws, minlength=5).tolist()}")
 
 # %% [markdown]
-# With $\tau = 0.5$ the first token wins more often, with $\tau = 2$ the rare tokens come up more; with $k = 2$
-# tokens 2, 3 and 4 never come up at all.
+# With $\tau = 0.5$ the first token wins more often, with $\tau = 2$ the rare tokens come up more. Top-k sampling
+# needs one more piece, the filter that keeps the $k$ best tokens: you write it.
 #
 # ### Exercise 1 — `top_k_filter`
 # > **Difficulty** ●○○ · **Importance** ●●○ · about 10 minutes
@@ -262,10 +263,22 @@ check_top_k_filter(top_k_filter, hidden=True)
 # %%
 top_k_filter_impl = yours_or_reference(top_k_filter, check_top_k_filter)
 
+# %% [markdown]
+# `sample_next_token(..., top_k=k, filter_fn=top_k_filter_impl)` samples with this filter (yours once it passes its
+# check) in place of the library's. On the toy distribution, with $k = 2$ and the same 1,000 seeded draws:
+
 # %%
 filtered = top_k_filter_impl(toy_logits, 2)
 print("top-2 logits       :", filtered)
 print("their probabilities:", torch.softmax(filtered, -1))
+g = torch.Generator().manual_seed(0)
+draws = torch.cat([sample_next_token(toy_logits, 1.0, top_k=2, generator=g, filter_fn=top_k_filter_impl)
+                   for _ in range(1000)])
+print(f"temperature 1.0, top_k 2: counts {torch.bincount(draws, minlength=5).tolist()}")
+
+# %% [markdown]
+# Tokens 2, 3 and 4 never come up: the filter gave them probability exactly 0, and the two survivors share all
+# of it.
 
 # %% [markdown]
 # ## 4. The decoding loop: encode once, then one token per step
@@ -300,6 +313,14 @@ print("their probabilities:", torch.softmax(filtered, -1))
 # | `model.new_cache()` | an empty cache: one `LayerCache` per decoder layer |
 # | `model.decode(memory, src_mask, new_tokens, cache=cache)` | `[batch, new, d_model]`, the new tokens placed after the cached ones |
 # | `model.generator(hidden)` | log-probabilities `[..., V]` |
+#
+# "After the cached ones" needs one more thing than the cache: the positions. `decode` adds a position vector to
+# each token it is fed (chapter 04), and the newest token, fed alone, must get the vector of its own position, not
+# that of position 0. So `decode` reads how many positions the cache already holds, `cache[0].self_attn.length`
+# (the length of the first decoder layer's self-attention cache), and passes it as the `offset` of the positional
+# encoding, which adds the rows `offset`, `offset + 1`, ... of its table with chapter 04's `add_positions`. The
+# token fed at step $t$ (counting from 1, `<bos>` at step 1) thus gets $PE_{t-1}$, the vector it gets when the
+# whole prefix is fed at once. Without a cache, the offset is 0.
 #
 # Three steps with the untrained model and two sources, feeding one token at a time, and the cache of the first
 # decoder layer after each step:
@@ -564,6 +585,14 @@ check_label_smoothed_loss(label_smoothed_loss, hidden=True)
 label_smoothed_loss_impl = yours_or_reference(label_smoothed_loss, check_label_smoothed_loss)
 
 # %% [markdown]
+# The worked example, a uniform model over $V = 4$ tokens:
+
+# %%
+uniform = torch.full((2, 4), math.log(0.25))  # [2 positions, V = 4]: log p = log 0.25 everywhere
+print("label_smoothed_loss:", label_smoothed_loss_impl(uniform, torch.tensor([2, 0]), 0.2, 0),
+      f"  log 4 = {math.log(4):.3f}")
+
+# %% [markdown]
 # The library's `LabelSmoothingLoss(vocab_size, padding_idx, smoothing)` computes the same number. The Annotated
 # Transformer (Rush et al., 2018) reports the KL divergence $\mathrm{KL}(q \,\|\, p) = H(q, p) - H(q)$
 # instead. The two differ by $H(q)$, the entropy of the target, a constant, so they have the same gradients and
@@ -737,9 +766,9 @@ check_noam_learning_rate(noam_learning_rate, hidden=True)
 noam_learning_rate_impl = yours_or_reference(noam_learning_rate, check_noam_learning_rate)
 
 # %% [markdown]
-# The paper trains for 100,000 steps; we have a few hundred. So our run uses a shorter warm-up (100 steps),
-# a factor 0.6 in front of eq. 3 (the Annotated Transformer has the same knob), and one change the paper does
-# not make: over the last 150 steps the rate is scaled down linearly to 0, a **cool-down**. After a few hundred
+# The paper trains its base model for 100,000 steps (Vaswani et al., 2017, section 5.2); we have a few hundred.
+# So our run uses a shorter warm-up (100 steps), a factor 0.6 in front of eq. 3 (the Annotated Transformer has the
+# same knob), and one change the paper does not make: over the last 150 steps the rate is scaled down linearly to 0, a **cool-down**. After a few hundred
 # steps the $1/\sqrt{\mathrm{step}}$ decay has barely started, and with the rate still high the weights keep
 # jumping between nearly-right solutions, so the accuracy after the last step would be partly luck. The
 # cool-down lets them settle. (The paper gets a similar effect by averaging its last checkpoints.)
@@ -747,7 +776,8 @@ noam_learning_rate_impl = yours_or_reference(noam_learning_rate, check_noam_lear
 
 # %%
 TOTAL_STEPS, WARMUP, FACTOR, COOLDOWN = 400, 100, 0.6, 150
-paper_steps = range(1, 100_001, 10)
+PAPER_STEPS = 100_000  # the base model's training run (section 5.2 of the paper)
+paper_steps = range(1, PAPER_STEPS + 1, 10)
 ours_schedule = noam_lambda(config.d_model, WARMUP, FACTOR, total_steps=TOTAL_STEPS, cooldown=COOLDOWN,
                             rate_fn=noam_learning_rate_impl)
 our_steps = range(1, TOTAL_STEPS + 1)
@@ -767,8 +797,8 @@ ax2.set_xlabel("step")
 ax2.legend(fontsize=8)
 fig.tight_layout()
 plt.show()
-print(f"paper's peak: {noam_learning_rate_impl(4000, 512, 4000):.2e} at step 4000;  "
-      f"ours: {ours_schedule(WARMUP - 1):.2e} at step {WARMUP}")
+print(f"paper's peak: {noam_learning_rate_impl(4000, 512, 4000) * 1e4:.2f} x 10^-4 at step 4000;  "
+      f"ours: {ours_schedule(WARMUP - 1) * 1e3:.2f} x 10^-3 at step {WARMUP}")
 
 # %% [markdown]
 # ## 8. Training
@@ -802,8 +832,8 @@ print(f"paper's peak: {noam_learning_rate_impl(4000, 512, 4000):.2e} at step 400
 # * returns the batch's loss as a Python `float` (`loss.item()`).
 #
 # Worked example: on a fresh model, two calls on the same batch return two losses, the second a little smaller
-# (the check makes exactly such pairs of steps and compares the losses, the learning rate and a few of the
-# weights after each step with the reference).
+# (the check makes exactly such pairs of steps and compares the losses, the learning rate and every weight of the
+# model after each step with the reference).
 #
 # <details><summary>Hint 1 — the idea</summary>Seven lines, one per item of the list (the forward pass and the loss
 # make two). The exercise is the order: what must happen before what, and why.</details>
@@ -1322,10 +1352,25 @@ print(f"cross-attention query-key products    : no cache {sum(t * S for t in ran
 # For short outputs like ours the projections and the FFN dominate: with the cache, a new position costs about
 # $14\, d_{model}^2$ multiply-adds in each decoder layer (six $d_{model} \times d_{model}$ projections and an FFN
 # with $d_{ff} = 4\, d_{model}$), against about $2\, t\, d_{model}$ for its self-attention over $t$ cached keys.
-# Attention catches up only when $t$ nears $7\, d_{model}$, about 450 tokens for our model and a few thousand for
-# large ones; beyond that, the attention over the cache is the larger part, which is why long contexts
-# (chapter 11) go after attention's cost. Measured on this model and 200 test dates (timings vary from run to run and
-# machine to machine):
+# The two are equal at $t = 7\, d_{model}$. For a few widths:
+
+# %%
+widths = [("our model", config.d_model), ("the paper's base model", 512), ("a wider model", 4096), ("GPT-3's width", 12_288)]
+for name, d in widths:
+    print(f"{name:<22}  d_model {d:>6,}:  14 d^2 = 2 t d  at  t = 7 d_model = {7 * d:>6,} tokens")
+
+# %% [markdown]
+# So attention catches up with the rest only after 448 tokens in our model, 3,584 in the paper's base model, 28,672
+# at a $d_{model}$ of 4,096, and 86,016 at the width of GPT-3, whose $d_{model}$ is 12,288 (Brown et al., 2020,
+# "Language Models are Few-Shot Learners", Table 2.1). GPT-3 itself has no encoder, hence no cross-attention: its
+# layers cost $12\, d_{model}^2$ per position instead of 14, which moves its crossover to $6\, d_{model}$, still far
+# beyond its context of 2,048 tokens. Kaplan et al. (2020, "Scaling Laws for Neural Language Models", section 2.1)
+# count the same way for decoder-only language models (their bookkeeping differs from ours in the details) and
+# conclude that the compute that depends on the context is a relatively small fraction of the total as long as
+# $d_{model} > n_{ctx} / 12$. Both counts say the same thing: until the context is several times $d_{model}$ long,
+# the weight matrices, not the attention over the context, do most of the work. Beyond that, the attention over
+# the cache is the larger part, which is why long contexts (chapter 11) go after attention's cost. Measured on
+# this model and 200 test dates (timings vary from run to run and machine to machine):
 
 # %% tags=["nbval-ignore-output", "timing"]
 def best_time(fn, repeats=3):

@@ -5,7 +5,7 @@ key/value cache, and top-k filtering for sampling.
 
 The training-step and decoding checkers run the learner's function on tiny seeded models that
 the checker builds itself (in `invoke`), and return what can be compared outside the learner's
-process: losses and a few parameter tensors after two steps; tokens and counts of the work done
+process: losses and every parameter tensor after two steps; tokens and counts of the work done
 (encoder runs, decoder runs, positions fed to the decoder).
 
 References are the library's (transformer_lib.training, transformer_lib.decoding); each
@@ -566,12 +566,10 @@ def _tiny_batches(seed: int) -> list[Seq2SeqBatch]:
     return batches
 
 
-_DIGEST = ("generator.proj.bias", "decoder.layers.0.self_attn.w_q.bias")
-
-
 def _digest(model) -> dict:
-    params = dict(model.named_parameters())
-    return {name: params[name].detach().clone() for name in _DIGEST}
+    # Every parameter, by name: a step that updates only some of them (an encoder left out of the
+    # graph, gradients dropped for part of the model) must fail, and the message names the tensor.
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
 def _training_setup(run: TrainingRun):
@@ -679,10 +677,33 @@ def _step_zero_grad_before_step(model, batch, loss_fn, optimizer, scheduler, max
     return loss.item()
 
 
-def _params_never_moved(case, expected, actual):
+def _step_encoder_without_gradients(model, batch, loss_fn, optimizer, scheduler, max_norm):
+    optimizer.zero_grad()
+    with torch.no_grad():  # "encode once", as in decoding: but now the encoder never learns
+        memory = model.encode(batch.src, batch.src_mask)
+    log_probs = model.generator(model.decode(memory, batch.src_mask, batch.decoder_input, batch.tgt_mask))
+    loss = loss_fn(log_probs, batch.target)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    scheduler.step()
+    return loss.item()
+
+
+def _unchanged(case, actual) -> set[str]:
+    """Names of the parameters that are, after two steps, exactly what the model started with."""
     initial = _digest(case.args[0].model.build())
     after = actual["parameters after step 2"]
-    return all(torch.equal(initial[name], after[name]) for name in _DIGEST)
+    return {name for name in initial if torch.equal(initial[name], after[name])}
+
+
+def _params_never_moved(case, expected, actual):
+    return _unchanged(case, actual) == set(_digest(case.args[0].model.build()))
+
+
+def _some_params_never_moved(case, expected, actual):
+    left_behind = _unchanged(case, actual) - _unchanged(case, expected)  # the reference moves them
+    return bool(left_behind) and not _params_never_moved(case, expected, actual)
 
 
 def _first_step_right_second_wrong(case, expected, actual):
@@ -743,6 +764,13 @@ check_train_step = Checker(
             "and step().",
             _step_zero_grad_before_step,
         ),
+        Mistake(
+            "the encoder never learns: the memory is computed without gradients (under torch.no_grad())",
+            "Encoding once is for decoding, not for training: run the whole model with gradients, "
+            "model(batch.src, batch.decoder_input, batch.src_mask, batch.tgt_mask), so that loss.backward() "
+            "reaches the encoder's weights too.",
+            _step_encoder_without_gradients,
+        ),
     ],
     properties=[
         Property(
@@ -750,6 +778,13 @@ check_train_step = Checker(
             "The step must update the weights: loss.backward() fills .grad, optimizer.step() uses it; nothing "
             "may clear the gradients in between.",
             _params_never_moved,
+        ),
+        Property(
+            "some parameters that never changed, where the reference's step changes them",
+            "Every weight of the model must take part in the update: compute the loss from the full forward "
+            "pass with gradients (no torch.no_grad(), no .detach()), and leave every .grad that backward() "
+            "filled in place until optimizer.step().",
+            _some_params_never_moved,
         ),
         Property(
             "a first step that matches and a second that does not",

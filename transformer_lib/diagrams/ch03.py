@@ -55,7 +55,7 @@ def draw_multi_head_flow(n_heads: int = 3):
     head_left, head_w = 11.5, 3.2
     for i in range(n_heads):
         y = top - (i + 1) * height - i * gap
-        label = f"head {i + 1}" if i < n_heads - 1 else "head h"
+        label = f"head {i}" if i < n_heads - 1 else "head h − 1"  # counted from 0, like the code
         box(ax, head_left, y, head_w, height, f"{label}\n" + r"softmax$(Q_i K_i^T / \sqrt{d_k})\, V_i$",
             "attention", fontsize=9)
     arrow(ax, (split_left + split_w, mid), (head_left, mid))

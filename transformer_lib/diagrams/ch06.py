@@ -65,7 +65,7 @@ def _panel(ax, x0, y0, title, queries, q_from, keys, kv_from, mask, mask_text, c
     ax.text(x0 + (label_w + 0.1 + n_k * cell) / 2, gy - 0.2, mask_text, ha="center", va="top", fontsize=8.5)
 
 
-def draw_three_attentions(src=("tu", "es", "<pad>", "<pad>"), tgt=("<s>", "you", "are", "<pad>", "<pad>"),
+def draw_three_attentions(src=("tu", "es", "<pad>", "<pad>"), tgt=("<bos>", "you", "are", "<pad>", "<pad>"),
                           pad="<pad>", enc_mask=None, dec_mask=None, cross_mask=None):
     """The three attentions of an encoder-decoder Transformer side by side. Rows are queries,
     columns keys (and values); a green cell may attend, a dark one is hidden.
