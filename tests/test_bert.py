@@ -162,7 +162,8 @@ def test_mask_tokens_statistics_on_a_large_sample():
     ids = torch.randint(10, vocab, (400, 512), generator=gen)
     ids[:, 0], ids[:, 200], ids[:, 400:] = CLS, SEP, PAD  # specials: never selected
     special = special_tokens_mask(ids, [CLS, SEP, PAD])
-    inputs, labels = mask_tokens(ids, special, MASK, vocab, torch.Generator().manual_seed(6), special_ids=range(10))
+    # ids 4..9 stand for more special tokens ([UNK]...) that this batch never holds
+    inputs, labels = mask_tokens(ids, range(10), MASK, vocab, torch.Generator().manual_seed(6))
     selected = labels != -100
     share = selected.sum().item() / (~special).sum().item()
     assert abs(share - 0.15) < 0.01, share
@@ -174,29 +175,52 @@ def test_mask_tokens_statistics_on_a_large_sample():
     for count, expected in ((masked, 0.8), (randomised, 0.1), (unchanged, 0.1)):
         assert abs(count.sum().item() / n - expected) < 0.02, (count.sum().item() / n, expected)
     assert torch.equal(inputs[~selected], ids[~selected])  # nothing else is touched
-    # A random replacement is never a special token: not [MASK], [CLS], [SEP], [PAD], nor ids 0..9.
+    # A random replacement is never a special token: not [MASK], [CLS], [SEP], [PAD], nor ids 4..9.
     assert (inputs[randomised] >= 10).all()
     # Random replacements cover the vocabulary (uniform over the allowed ids).
     assert len(set(inputs[randomised].tolist())) > 900
 
 
+def test_a_batch_without_padding_never_receives_a_special_token():
+    """The random candidates come from the vocabulary, not from the batch: a batch that holds no [PAD]
+    (and here no [CLS] or [SEP] either) still never gets [PAD], [CLS], [SEP] or [MASK] as a random
+    token, and the 80/10/10 split is unchanged."""
+    vocab = 12  # 4 special ids and 8 words: a special id would be drawn often if it were allowed
+    ids = torch.randint(4, vocab, (500, 200), generator=torch.Generator().manual_seed(11))
+    for batch in (ids, torch.cat([torch.full((500, 1), CLS), ids, torch.full((500, 1), SEP)], dim=1)):
+        inputs, labels = mask_tokens(batch, [PAD, CLS, SEP, MASK], MASK, vocab, torch.Generator().manual_seed(12))
+        selected = labels != -100
+        masked = (inputs == MASK) & selected
+        randomised = selected & ~masked & (inputs != batch)
+        ordinary = batch >= 4
+        assert not torch.isin(inputs[ordinary & ~masked], torch.tensor([PAD, CLS, SEP, MASK])).any()
+        assert torch.equal(inputs[~ordinary], batch[~ordinary])  # [CLS] and [SEP] stay as they are
+        assert set(inputs[randomised].tolist()) == set(range(4, vocab))  # every word, and only words
+        n = selected.sum().item()
+        assert abs(n / ordinary.sum().item() - 0.15) < 0.01
+        # Of the random draws, 1/8 land on the original word: unchanged 0.1 + 0.1/8, random 0.1 * 7/8.
+        unchanged = selected & (inputs == batch)
+        for count, expected in ((masked, 0.8), (randomised, 0.1 * 7 / 8), (unchanged, 0.1 + 0.1 / 8)):
+            assert abs(count.sum().item() / n - expected) < 0.01, (count.sum().item() / n, expected)
+
+
 def test_mask_tokens_is_reproducible_and_uses_only_the_generator():
     ids = torch.randint(4, 50, (4, 30), generator=torch.Generator().manual_seed(7))
-    special = torch.zeros_like(ids, dtype=torch.bool)
-    one = mask_tokens(ids, special, MASK, 50, torch.Generator().manual_seed(8))
+    one = mask_tokens(ids, [PAD, CLS, SEP, MASK], MASK, 50, torch.Generator().manual_seed(8))
     torch.manual_seed(123)  # the global generator plays no part
-    two = mask_tokens(ids, special, MASK, 50, torch.Generator().manual_seed(8))
+    two = mask_tokens(ids, [PAD, CLS, SEP, MASK], MASK, 50, torch.Generator().manual_seed(8))
     assert all(torch.equal(x, y) for x, y in zip(one, two))
-    with pytest.raises(ValueError, match="special_mask must be bool"):
-        mask_tokens(ids, special.long(), MASK, 50)
+    with pytest.raises(ValueError, match="not a boolean mask"):
+        mask_tokens(ids, ids == PAD, MASK, 50)
+    with pytest.raises(ValueError, match="must be ids of the vocabulary"):
+        mask_tokens(ids, [PAD, CLS, SEP, 60], MASK, 50)
 
 
 def test_pretraining_runs_and_learns_on_one_batch():
     torch.manual_seed(9)
     model = BertForPreTraining(SMALL)
     ids, segments, padding = pair_batch()
-    special = special_tokens_mask(ids, [CLS, SEP, PAD])
-    inputs, labels = mask_tokens(ids, special, MASK, 99, torch.Generator().manual_seed(10), p=0.3)
+    inputs, labels = mask_tokens(ids, [PAD, CLS, SEP, MASK], MASK, 99, torch.Generator().manual_seed(10), p=0.3)
     nsp_labels = torch.tensor([0, 1, 0])
     optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []

@@ -158,14 +158,13 @@ def test_classify_from_cls_is_the_sequence_classifier_and_reads_only_cls():
 
 def test_pretraining_with_the_generated_pairs_runs():
     vocab = apple_vocab()
-    from transformer_lib.bert import build_pair_inputs, mask_tokens, special_tokens_mask
+    from transformer_lib.bert import build_pair_inputs, mask_tokens
 
     pairs = nsp_pairs(sense_documents(6, seed=0), 8, seed=0)
     rows = [build_pair_inputs(vocab.encode(a), vocab.encode(b), 28, vocab.cls_id, vocab.sep_id, vocab.pad_id)
             for a, b, _ in pairs]
     ids, segments, padding = (torch.stack(c) for c in zip(*rows))
-    special = special_tokens_mask(ids, vocab.special_ids)
-    inputs, labels = mask_tokens(ids, special, vocab.mask_id, len(vocab), torch.Generator().manual_seed(0))
+    inputs, labels = mask_tokens(ids, vocab.special_ids, vocab.mask_id, len(vocab), torch.Generator().manual_seed(0))
     config = BertConfig(vocab_size=len(vocab), max_len=32, d_model=16, n_heads=2, n_layers=1, d_ff=32, dropout=0.0)
     mlm, nsp = BertForPreTraining(config)(inputs, segments, padding)
     loss = pretraining_loss(mlm, nsp, labels, torch.tensor([label for _, _, label in pairs]))

@@ -49,19 +49,25 @@ def emb_concatenated_by_id(ids, segment_ids, token_table, segment_table, positio
     return torch.cat([token_table[ids], segment_table[segment_ids], position_table[ids]], dim=-1)
 
 
-def mt_specials_and_always_mask(ids, special_mask, mask_id, vocab_size, generator, p=0.15):
-    return ch09._corrupt(ids, special_mask, mask_id, vocab_size, generator, p, exclude_special=False,
+def mt_specials_and_always_mask(ids, special_ids, mask_id, vocab_size, generator, p=0.15):
+    return ch09._corrupt(ids, special_ids, mask_id, vocab_size, generator, p, exclude_special=False,
                          always_mask=True)
 
 
-def mt_labels_everywhere_and_whole_vocab(ids, special_mask, mask_id, vocab_size, generator, p=0.15):
-    return ch09._corrupt(ids, special_mask, mask_id, vocab_size, generator, p, labels_everywhere=True,
+def mt_labels_everywhere_and_whole_vocab(ids, special_ids, mask_id, vocab_size, generator, p=0.15):
+    return ch09._corrupt(ids, special_ids, mask_id, vocab_size, generator, p, labels_everywhere=True,
                          whole_vocab=True)
 
 
-def mt_keep_share_and_labels_from_inputs(ids, special_mask, mask_id, vocab_size, generator, p=0.15):
+def mt_keep_share_and_labels_from_inputs(ids, special_ids, mask_id, vocab_size, generator, p=0.15):
     # p read as the share to keep: 85% of the tokens selected.
-    return ch09._corrupt(ids, special_mask, mask_id, vocab_size, generator, 1 - p, labels_from_inputs=True)
+    return ch09._corrupt(ids, special_ids, mask_id, vocab_size, generator, 1 - p, labels_from_inputs=True)
+
+
+def mt_batch_candidates_and_labels_from_inputs(ids, special_ids, mask_id, vocab_size, generator, p=0.15):
+    # Random candidates from the batch's special ids only, and the labels read after the corruption.
+    return ch09._corrupt(ids, special_ids, mask_id, vocab_size, generator, p, batch_specials_only=True,
+                         labels_from_inputs=True)
 
 
 def ml_summed_without_log_softmax(logits, labels):
@@ -112,6 +118,8 @@ COMBINED = [
     (ch09.check_mask_tokens, mt_labels_everywhere_and_whole_vocab,
      ["labels that are not -100 on unselected positions", "a selected fraction far from p"]),
     (ch09.check_mask_tokens, mt_keep_share_and_labels_from_inputs, ["a selected fraction far from p"]),
+    (ch09.check_mask_tokens, mt_batch_candidates_and_labels_from_inputs,
+     ["a random replacement that is a special token"]),
     (ch09.check_mlm_loss, ml_summed_without_log_softmax, ["a negative loss"]),
     (ch09.check_mlm_loss, ml_per_position, ["a loss per position"]),
     (ch09.check_mlm_loss, ml_zero_labels_summed, ["counts unselected positions"]),
@@ -138,15 +146,25 @@ def test_combined_mistakes_are_named_by_property(checker, answer, traits, hidden
 
 
 def test_a_right_selection_with_a_wrong_replacement_is_not_called_a_wrong_fraction():
-    def random_from_special(ids, special_mask, mask_id, vocab_size, generator, p=0.15):
-        inputs, labels = ch09._corrupt(ids, special_mask, mask_id, vocab_size, generator, p)
+    def random_from_special(ids, special_ids, mask_id, vocab_size, generator, p=0.15):
+        inputs, labels = ch09._corrupt(ids, special_ids, mask_id, vocab_size, generator, p)
         changed = (inputs != ids) & (inputs != mask_id)
-        return torch.where(changed, ids[special_mask][0], inputs), labels  # random tokens: a special id
+        pad_id = special_ids[0]  # [PAD]: the first special id of every case
+        return torch.where(changed, torch.full_like(ids, pad_id), inputs), labels  # random tokens: [PAD]
 
     verdict = _verdict(ch09.check_mask_tokens, random_from_special)
     assert not verdict.passed
     assert "a random replacement that is a special token" in verdict.message, verdict.message
     assert "fraction" not in verdict.message and "not -100" not in verdict.message, verdict.message
+
+
+@pytest.mark.parametrize("hidden", [False, True], ids=["visible", "hidden"])
+def test_candidates_taken_from_the_batch_are_named(hidden):
+    """The slip the library itself once had: leaving out only the special ids that occur in the batch,
+    so that a batch without padding can receive [PAD] as a random token."""
+    verdict = _verdict(ch09.check_mask_tokens, ch09._mt_batch_specials_only, hidden)
+    assert not verdict.passed and "only the special ids found in the batch" in verdict.message, verdict.message
+    assert "whatever ids holds" in verdict.message, verdict.message
 
 
 # ------------------------------------------------------------------- right answers, other ways
@@ -176,11 +194,12 @@ def emb_with_f_embedding(ids, segment_ids, token_table, segment_table, position_
             + F.embedding(positions, position_table))
 
 
-def mt_with_isin(ids, special_mask, mask_id, vocab_size, generator, p=0.15):
+def mt_with_isin(ids, special_ids, mask_id, vocab_size, generator, p=0.15):
+    special_mask = torch.isin(ids, torch.tensor(special_ids))
     chosen = torch.rand(ids.shape, generator=generator) < p
     chosen = chosen & ~special_mask
     u = torch.rand(ids.shape, generator=generator)
-    forbidden = torch.cat([ids[special_mask], torch.tensor([mask_id])])
+    forbidden = torch.tensor([*special_ids, mask_id])
     everything = torch.arange(vocab_size)
     candidates = everything[~torch.isin(everything, forbidden)]
     random_ids = candidates[torch.randint(candidates.numel(), ids.shape, generator=generator)]
@@ -190,6 +209,19 @@ def mt_with_isin(ids, special_mask, mask_id, vocab_size, generator, p=0.15):
     inputs[swap] = random_ids[swap]
     labels = torch.where(chosen, ids, torch.full_like(ids, -100))
     return inputs, labels
+
+
+def mt_with_a_list_of_candidates(ids, special_ids, mask_id, vocab_size, generator, p=0.15):
+    ordinary = torch.ones_like(ids, dtype=torch.bool)
+    for special_id in special_ids:
+        ordinary &= ids != special_id
+    selected = (torch.rand(ids.shape, generator=generator) < p) & ordinary
+    action = torch.rand(ids.shape, generator=generator)
+    candidates = torch.tensor([i for i in range(vocab_size) if i not in special_ids and i != mask_id])
+    random_ids = candidates[torch.randint(len(candidates), ids.shape, generator=generator)]
+    inputs = torch.where(selected & (action < 0.8), mask_id, ids)
+    inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)
+    return inputs, torch.where(selected, ids, -100)
 
 
 def ml_by_hand(logits, labels):
@@ -221,6 +253,7 @@ RIGHT = [
     (ch09.check_build_pair_inputs, pair_with_slices),
     (ch09.check_embedding_sum, emb_with_f_embedding),
     (ch09.check_mask_tokens, mt_with_isin),
+    (ch09.check_mask_tokens, mt_with_a_list_of_candidates),
     (ch09.check_mlm_loss, ml_by_hand),
     (ch09.check_classify_from_cls, cl_with_index_select),
     (ch09.check_best_span, bs_by_loops),

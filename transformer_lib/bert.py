@@ -93,16 +93,15 @@ def build_pair_inputs(tokens_a: Sequence[int], tokens_b: Sequence[int] | None, m
 
 def special_tokens_mask(ids: torch.Tensor, special_ids: Sequence[int]) -> torch.Tensor:
     """True where ids holds one of special_ids ([CLS], [SEP], [PAD], ...): the positions MLM skips."""
-    return torch.isin(ids, torch.as_tensor(list(special_ids), device=ids.device))
+    return torch.isin(ids, torch.as_tensor(list(special_ids), dtype=ids.dtype, device=ids.device))
 
 
 # ---------------------------------------------------------------------------------------
 # Masked language modelling: the corruption
 # ---------------------------------------------------------------------------------------
 
-def mask_tokens(ids: torch.Tensor, special_mask: torch.Tensor, mask_id: int, vocab_size: int,
-                generator: torch.Generator | None = None, p: float = 0.15,
-                special_ids: Sequence[int] = ()):
+def mask_tokens(ids: torch.Tensor, special_ids: Sequence[int], mask_id: int, vocab_size: int,
+                generator: torch.Generator | None = None, p: float = 0.15):
     """BERT's MLM corruption (Devlin et al., 2019, section 3.1, task 1). Returns (inputs, labels).
 
     Each token that is not special is selected with probability p (15%). A selected token is
@@ -111,14 +110,23 @@ def mask_tokens(ids: torch.Tensor, special_mask: torch.Tensor, mask_id: int, voc
     always [MASK]: [MASK] never occurs when fine-tuning, so the model must also be ready to
     correct a wrong token and to confirm a right one; it cannot know which tokens were chosen.
 
-    ids: LongTensor [...]; special_mask: bool, same shape, True for [CLS], [SEP], [PAD]...
-    The random tokens are never special: neither mask_id, nor any id at a special position,
-    nor any of special_ids (e.g. [UNK]). labels: the original id where selected, -100 elsewhere.
-    All randomness comes from `generator`, so a seeded generator gives the same corruption.
+    ids: LongTensor [...]; special_ids: the ids of the special tokens ([PAD], [CLS], [SEP],
+    [MASK], ...), a property of the vocabulary. Positions holding one of them are never
+    selected, and a random token is never one of them nor mask_id, whatever the batch holds:
+    a batch without padding still never receives [PAD]. (Devlin et al.'s released data script
+    draws the random word from the whole vocabulary; we keep the special tokens out.)
+    labels: the original id where selected, -100 elsewhere. All randomness comes from
+    `generator`, three draws in a fixed order, so a seeded generator gives the same corruption.
     """
-    if ids.shape != special_mask.shape or special_mask.dtype != torch.bool:
-        raise ValueError(f"special_mask must be bool with the shape of ids {list(ids.shape)}, "
-                         f"got {special_mask.dtype} {list(special_mask.shape)}")
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dtype == torch.bool:
+        raise ValueError("mask_tokens expects a tensor of integer token ids")
+    if isinstance(special_ids, torch.Tensor) and special_ids.dtype == torch.bool:
+        raise ValueError("special_ids is the list of the special tokens' ids (e.g. vocab.special_ids), "
+                         "not a boolean mask")
+    special_ids = [int(i) for i in special_ids]
+    if any(not 0 <= i < vocab_size for i in [*special_ids, mask_id]):
+        raise ValueError(f"special_ids {special_ids} and mask_id {mask_id} must be ids of the vocabulary "
+                         f"(0 to {vocab_size - 1})")
     if not 0.0 < p <= 1.0:
         raise ValueError(f"p, the share of tokens to predict, must be in (0, 1], got {p}")
     device = ids.device
@@ -126,17 +134,17 @@ def mask_tokens(ids: torch.Tensor, special_mask: torch.Tensor, mask_id: int, voc
     def uniform():  # one U(0, 1) per token, from the caller's generator
         return torch.rand(ids.shape, generator=generator, device=device)
 
-    selected = (uniform() < p) & ~special_mask  # the 15% to predict
+    special = special_tokens_mask(ids, special_ids)  # True on [CLS], [SEP], [PAD]...
+    selected = (uniform() < p) & ~special  # the 15% to predict
     labels = ids.masked_fill(~selected, IGNORE_INDEX)
     action = uniform()  # one draw decides between [MASK] (< 0.8), random (< 0.9) and unchanged
     to_mask = selected & (action < 0.8)
     to_random = selected & (action >= 0.8) & (action < 0.9)
 
     allowed = torch.ones(vocab_size, dtype=torch.bool, device=device)  # the ids a random token may take
-    allowed[ids[special_mask]] = False
+    allowed[special_ids] = False  # every special id, present in this batch or not
     allowed[mask_id] = False
-    allowed[list(special_ids)] = False
-    candidates = allowed.nonzero().squeeze(-1)  # [n_allowed]
+    candidates = allowed.nonzero().squeeze(-1)  # [n_allowed], increasing
     if len(candidates) == 0:
         raise ValueError("every id of the vocabulary is special: there is no random token to draw")
     pick = torch.randint(len(candidates), ids.shape, generator=generator, device=device)

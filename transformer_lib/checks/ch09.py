@@ -382,41 +382,46 @@ check_embedding_sum = Checker(
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 3: mask_tokens(ids, special_mask, mask_id, vocab_size, generator, p=0.15)
+# Exercise 3: mask_tokens(ids, special_ids, mask_id, vocab_size, generator, p=0.15)
 #             -> (inputs, labels)
 # ---------------------------------------------------------------------------------------
 
 
-def _bert_batch(seed, batch, seq, vocab, cls_id, sep_id, pad_id, first_word):
-    """[CLS] A [SEP] B [SEP] [PAD]... rows of random words (ids first_word..vocab-1 that are not special)."""
+def _bert_batch(seed, batch, seq, vocab, cls_id, sep_id, pad_id, mask_id, first_word, full=False):
+    """[CLS] A [SEP] B [SEP] [PAD]... rows of random words (ids first_word..vocab-1 that are not special).
+    full=True: every row fills the whole length, so the batch holds no [PAD]."""
     g = seeded(seed)
-    words = [i for i in range(first_word, vocab) if i not in (cls_id, sep_id, pad_id)]
+    words = [i for i in range(first_word, vocab) if i not in (cls_id, sep_id, pad_id, mask_id)]
     ids = torch.full((batch, seq), pad_id, dtype=torch.long)
     for b in range(batch):
-        n = int(torch.randint(seq // 2, seq + 1, (1,), generator=g))
+        n = seq if full else int(torch.randint(seq // 2, seq + 1, (1,), generator=g))
         row = [words[int(i)] for i in torch.randint(len(words), (n,), generator=g)]
         row[0], row[-1] = cls_id, sep_id
         if n > 4:
             row[int(torch.randint(2, n - 2, (1,), generator=g))] = sep_id
         ids[b, :n] = torch.tensor(row)
-    return ids, torch.isin(ids, torch.tensor([cls_id, sep_id, pad_id]))
+    return ids
 
 
-def _mask_case(name, seed, batch, seq, vocab, mask_id=3, specials=(1, 2, 0), first_word=4, p=0.15, hidden=False):
-    ids, special = _bert_batch(seed, batch, seq, vocab, *specials, first_word)
-    return Case(name, (ids, special, mask_id, vocab), {"seed": seed + 1, "p": p}, hidden=hidden)
+def _mask_case(name, seed, batch, seq, vocab, mask_id=3, specials=(1, 2, 0), first_word=4, p=0.15, full=False,
+               hidden=False):
+    cls_id, sep_id, pad_id = specials
+    ids = _bert_batch(seed, batch, seq, vocab, cls_id, sep_id, pad_id, mask_id, first_word, full)
+    return Case(name, (ids, [pad_id, cls_id, sep_id, mask_id], mask_id, vocab), {"seed": seed + 1, "p": p},
+                hidden=hidden)
 
 
 def _mask_cases() -> list[Case]:
-    plain = torch.randint(4, 30, (4, 20), generator=seeded(930))
+    plain = torch.randint(4, 12, (16, 50), generator=seeded(930))  # 8 words: a special id would often be drawn
     return [
-        _mask_case("8 BERT inputs ([CLS] 1, [SEP] 2, [PAD] 0, [MASK] 3), vocabulary 60", 910, 8, 40, 60),
+        _mask_case("8 BERT inputs ([PAD] 0, [CLS] 1, [SEP] 2, [MASK] 3), vocabulary 60", 910, 8, 40, 60),
         _mask_case("p = 0.3", 912, 6, 32, 50, p=0.3),
-        Case("no special tokens at all", (plain, torch.zeros_like(plain, dtype=torch.bool), 3, 30),
-             {"seed": 931, "p": 0.15}),
+        Case("a batch with no special token in it (the vocabulary's special ids 0 to 3 still exist)",
+             (plain, [0, 1, 2, 3], 3, 12), {"seed": 931, "p": 0.15}),
         _mask_case("16 inputs of 64 tokens, vocabulary 100", 914, 16, 64, 100, hidden=True),
         _mask_case("special ids at the top of the vocabulary ([MASK] 96, [CLS] 97, [SEP] 98, [PAD] 99)", 916, 10, 30,
                    100, mask_id=96, specials=(97, 98, 99), first_word=0, hidden=True),
+        _mask_case("every input full length: no [PAD] in the batch", 922, 12, 24, 40, full=True, hidden=True),
         _mask_case("one input of 12 tokens", 918, 1, 12, 40, hidden=True),
         _mask_case("p = 0.5", 920, 12, 48, 80, p=0.5, hidden=True),
     ]
@@ -427,17 +432,26 @@ def _invoke_mask(fn, case: Case):
     return fn(*case.args, generator, p=case.kwargs["p"])
 
 
-def _corrupt(ids, special_mask, mask_id, vocab_size, generator, p, *, exclude_special=True, always_mask=False,
-             whole_vocab=False, labels_everywhere=False, labels_from_inputs=False, labels_inverted=False):
+def _special_positions(ids, special_ids):
+    return torch.isin(ids, torch.as_tensor(list(special_ids), dtype=ids.dtype))
+
+
+def _corrupt(ids, special_ids, mask_id, vocab_size, generator, p, *, exclude_special=True, always_mask=False,
+             whole_vocab=False, batch_specials_only=False, mask_id_only=False, labels_everywhere=False,
+             labels_from_inputs=False, labels_inverted=False):
     """mask_tokens with knobs that reproduce common slips, drawing the same random numbers in the same order."""
+    special = _special_positions(ids, special_ids)
     selected = torch.rand(ids.shape, generator=generator) < p
     if exclude_special:
-        selected &= ~special_mask
+        selected &= ~special
     action = torch.rand(ids.shape, generator=generator)
     to_mask = selected & ((action < 0.8) | always_mask)
     to_random = selected & (action >= 0.8) & (action < 0.9) & (not always_mask)
     allowed = torch.ones(vocab_size, dtype=torch.bool)
-    allowed[ids[special_mask]] = False
+    if batch_specials_only:  # the special ids that happen to occur in this batch
+        allowed[ids[special]] = False
+    elif not mask_id_only:
+        allowed[list(special_ids)] = False
     allowed[mask_id] = False
     candidates = allowed.nonzero().squeeze(-1)
     if whole_vocab:
@@ -457,28 +471,36 @@ def _corrupt(ids, special_mask, mask_id, vocab_size, generator, p, *, exclude_sp
     return inputs, labels
 
 
-def _mt_specials_selected(ids, special_mask, mask_id, vocab_size, generator, p=0.15):
-    return _corrupt(ids, special_mask, mask_id, vocab_size, generator, p, exclude_special=False)
+def _mt_specials_selected(ids, special_ids, mask_id, vocab_size, generator, p=0.15):
+    return _corrupt(ids, special_ids, mask_id, vocab_size, generator, p, exclude_special=False)
 
 
-def _mt_always_mask(ids, special_mask, mask_id, vocab_size, generator, p=0.15):
-    return _corrupt(ids, special_mask, mask_id, vocab_size, generator, p, always_mask=True)
+def _mt_always_mask(ids, special_ids, mask_id, vocab_size, generator, p=0.15):
+    return _corrupt(ids, special_ids, mask_id, vocab_size, generator, p, always_mask=True)
 
 
-def _mt_labels_everywhere(ids, special_mask, mask_id, vocab_size, generator, p=0.15):
-    return _corrupt(ids, special_mask, mask_id, vocab_size, generator, p, labels_everywhere=True)
+def _mt_labels_everywhere(ids, special_ids, mask_id, vocab_size, generator, p=0.15):
+    return _corrupt(ids, special_ids, mask_id, vocab_size, generator, p, labels_everywhere=True)
 
 
-def _mt_whole_vocab(ids, special_mask, mask_id, vocab_size, generator, p=0.15):
-    return _corrupt(ids, special_mask, mask_id, vocab_size, generator, p, whole_vocab=True)
+def _mt_whole_vocab(ids, special_ids, mask_id, vocab_size, generator, p=0.15):
+    return _corrupt(ids, special_ids, mask_id, vocab_size, generator, p, whole_vocab=True)
 
 
-def _mt_labels_from_inputs(ids, special_mask, mask_id, vocab_size, generator, p=0.15):
-    return _corrupt(ids, special_mask, mask_id, vocab_size, generator, p, labels_from_inputs=True)
+def _mt_batch_specials_only(ids, special_ids, mask_id, vocab_size, generator, p=0.15):
+    return _corrupt(ids, special_ids, mask_id, vocab_size, generator, p, batch_specials_only=True)
 
 
-def _mt_labels_inverted(ids, special_mask, mask_id, vocab_size, generator, p=0.15):
-    return _corrupt(ids, special_mask, mask_id, vocab_size, generator, p, labels_inverted=True)
+def _mt_mask_id_only(ids, special_ids, mask_id, vocab_size, generator, p=0.15):
+    return _corrupt(ids, special_ids, mask_id, vocab_size, generator, p, mask_id_only=True)
+
+
+def _mt_labels_from_inputs(ids, special_ids, mask_id, vocab_size, generator, p=0.15):
+    return _corrupt(ids, special_ids, mask_id, vocab_size, generator, p, labels_from_inputs=True)
+
+
+def _mt_labels_inverted(ids, special_ids, mask_id, vocab_size, generator, p=0.15):
+    return _corrupt(ids, special_ids, mask_id, vocab_size, generator, p, labels_inverted=True)
 
 
 def _pair_out(actual):
@@ -491,71 +513,81 @@ def _pair_out(actual):
     return inputs, labels
 
 
-def _mt_special_touched(case, expected, actual):
+def _case_out(case, actual):
+    """(ids, special positions, inputs, labels), or None when the output is not two tensors of the shape of ids."""
     out = _pair_out(actual)
-    ids, special = case.args[0], case.args[1]
+    ids = case.args[0]
     if out is None or out[0].shape != ids.shape:
+        return None
+    return ids, _special_positions(ids, case.args[1]), *out
+
+
+def _mt_special_touched(case, expected, actual):
+    found = _case_out(case, actual)
+    if found is None:
         return False
-    inputs, labels = out
+    ids, special, inputs, labels = found
     return bool(((labels != IGNORE_INDEX) & special).any() or (inputs != ids)[special].any())
 
 
 def _mt_labels_on_unselected(case, expected, actual):
-    out = _pair_out(actual)
-    ids, special = case.args[0], case.args[1]
-    if out is None or out[0].shape != ids.shape:
+    found = _case_out(case, actual)
+    if found is None:
         return False
+    _, special, _, labels = found
     unselected = (expected[1] == IGNORE_INDEX) & ~special  # the reference's -100 on ordinary tokens
     if not unselected.any():
         return False
-    return bool((out[1][unselected] != IGNORE_INDEX).float().mean() > 0.5)
+    return bool((labels[unselected] != IGNORE_INDEX).float().mean() > 0.5)
 
 
 def _mt_fraction_far(case, expected, actual):
-    out = _pair_out(actual)
-    ids, special = case.args[0], case.args[1]
-    if out is None or out[0].shape != ids.shape:
+    found = _case_out(case, actual)
+    if found is None:
         return False
+    _, special, _, labels = found
     n = int((~special).sum())
     if n < 200:  # too few tokens to judge a share
         return False
-    share = float(((out[1] != IGNORE_INDEX) & ~special).sum()) / n
+    share = float(((labels != IGNORE_INDEX) & ~special).sum()) / n
     return abs(share - case.kwargs["p"]) > 0.1
 
 
 def _mt_all_mask(case, expected, actual):
-    out = _pair_out(actual)
-    ids, special, mask_id = case.args[0], case.args[1], case.args[2]
-    if out is None or out[0].shape != ids.shape:
+    found = _case_out(case, actual)
+    if found is None:
         return False
-    chosen = (out[1] != IGNORE_INDEX) & ~special
+    _, special, inputs, labels = found
+    chosen = (labels != IGNORE_INDEX) & ~special
     if int(chosen.sum()) < 30:
         return False
-    return float((out[0][chosen] == mask_id).float().mean()) > 0.97
+    return float((inputs[chosen] == case.args[2]).float().mean()) > 0.97
 
 
 def _mt_unlabelled_changed(case, expected, actual):
-    out = _pair_out(actual)
-    ids, special = case.args[0], case.args[1]
-    if out is None or out[0].shape != ids.shape:
+    found = _case_out(case, actual)
+    if found is None:
         return False
-    return bool(((out[0] != ids) & (out[1] == IGNORE_INDEX) & ~special).any())
+    ids, special, inputs, labels = found
+    return bool(((inputs != ids) & (labels == IGNORE_INDEX) & ~special).any())
 
 
 def _mt_random_special(case, expected, actual):
-    out = _pair_out(actual)
-    ids, special = case.args[0], case.args[1]
-    if out is None or out[0].shape != ids.shape:
+    found = _case_out(case, actual)
+    if found is None:
         return False
-    special_ids = ids[special].unique()
-    if not len(special_ids):
+    _, special, inputs, _ = found
+    mask_id = case.args[2]
+    others = torch.tensor([i for i in case.args[1] if i != mask_id], dtype=inputs.dtype)  # [MASK] itself is no slip
+    if not len(others):
         return False
-    return bool((torch.isin(out[0], special_ids) & ~special).any())
+    return bool((torch.isin(inputs, others) & ~special).any())
 
 
 MT_SPECIAL_TOUCHED = Property(
     "special tokens ([CLS], [SEP], [PAD]) selected or changed",
-    "Select only ordinary tokens: selected = (torch.rand(...) < p) & ~special_mask.",
+    "Select only ordinary tokens: special = torch.isin(ids, torch.tensor(special_ids)), then "
+    "selected = (torch.rand(...) < p) & ~special.",
     _mt_special_touched,
 )
 MT_LABELS_ON_UNSELECTED = Property(
@@ -582,8 +614,8 @@ MT_UNLABELLED_CHANGED = Property(
 )
 MT_RANDOM_SPECIAL = Property(
     "a random replacement that is a special token",
-    "Draw random tokens among the ordinary ids only: candidates excludes mask_id and the ids found at special "
-    "positions (ids[special_mask]).",
+    "Draw random tokens among the ordinary ids only: candidates leaves out mask_id and every id of special_ids, "
+    "whether or not it occurs in the batch.",
     _mt_random_special,
 )
 
@@ -595,7 +627,8 @@ check_mask_tokens = Checker(
     mistakes=[
         Mistake(
             "special tokens can be selected: [CLS], [SEP] and [PAD] get masked and predicted",
-            "Exclude them: selected = (torch.rand(ids.shape, generator=generator) < p) & ~special_mask.",
+            "Exclude them: special = torch.isin(ids, torch.tensor(special_ids)), then "
+            "selected = (torch.rand(ids.shape, generator=generator) < p) & ~special.",
             _mt_specials_selected,
         ),
         Mistake(
@@ -612,8 +645,20 @@ check_mask_tokens = Checker(
         Mistake(
             "random replacements drawn from the whole vocabulary, special ids included",
             "Draw among the allowed ids only: candidates[torch.randint(len(candidates), ids.shape, "
-            "generator=generator)], where candidates leaves out mask_id and the ids at special positions.",
+            "generator=generator)], where candidates leaves out mask_id and every id of special_ids.",
             _mt_whole_vocab,
+        ),
+        Mistake(
+            "random candidates that leave out only the special ids found in the batch (ids[special]): a batch "
+            "without padding can receive [PAD] as a random token",
+            "The candidates are a property of the vocabulary, not of the batch: allowed[special_ids] = False and "
+            "allowed[mask_id] = False, whatever ids holds.",
+            _mt_batch_specials_only,
+        ),
+        Mistake(
+            "random candidates that leave out mask_id but not the other special ids ([PAD], [CLS], [SEP])",
+            "Leave out every id of special_ids as well: allowed[special_ids] = False.",
+            _mt_mask_id_only,
         ),
         Mistake(
             "labels taken from the corrupted inputs instead of the original ids",
