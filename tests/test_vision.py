@@ -10,6 +10,7 @@ import torch.nn as nn
 from transformer_lib.datasets_vision import digits_split
 from transformer_lib.vision import (
     PatchMerging,
+    Run,
     SmallCNN,
     Swin,
     SwinBlock,
@@ -18,6 +19,7 @@ from transformer_lib.vision import (
     ViT,
     ViTConfig,
     accuracy,
+    choose_learning_rates,
     conv_to_linear,
     cyclic_shift,
     load_hf_swin_state_dict,
@@ -28,6 +30,7 @@ from transformer_lib.vision import (
     shifted_window_mask,
     swin_config_from_hf,
     train_classifier,
+    train_run,
     unpatchify,
     vit_config_from_hf,
     window_partition,
@@ -274,3 +277,52 @@ def test_training_is_deterministic_and_learns():
     assert runs[0] == runs[1]
     assert sum(runs[0][-5:]) / 5 < sum(runs[0][:5]) / 5
     assert accuracy(model, data.test_images, data.test_labels) > 0.5
+
+
+def test_validation_set_is_carved_from_the_training_images_and_leaves_the_test_set_alone():
+    plain, split = digits_split(), digits_split(validation_size=300)
+    assert plain.val_images.shape == (0, 1, 8, 8) and plain.val_labels.shape == (0,)
+    assert split.train_images.shape == (1047, 1, 8, 8) and split.val_images.shape == (300, 1, 8, 8)
+    assert torch.equal(plain.test_images, split.test_images) and torch.equal(plain.test_labels, split.test_labels)
+
+    def rows(images, labels):  # the images as a multiset (some digits occur twice)
+        return sorted(tuple(x.flatten().tolist()) + (int(y),) for x, y in zip(images, labels))
+
+    assert rows(torch.cat([split.train_images, split.val_images]), torch.cat([split.train_labels, split.val_labels])) \
+        == rows(plain.train_images, plain.train_labels)
+    counts = torch.bincount(split.val_labels, minlength=10)
+    assert counts.min() >= 29 and counts.max() <= 31  # stratified: 30 of each class, give or take one
+    assert torch.equal(digits_split(validation_size=300).val_labels, split.val_labels)  # the same split every time
+    with pytest.raises(ValueError, match="validation_size"):
+        digits_split(validation_size=5)
+
+
+def test_train_run_is_seeded_and_scored_on_the_validation_set():
+    data = digits_split(validation_size=300)
+    build = lambda: SmallCNN(width=4)  # noqa: E731
+    a = train_run("CNN", build, data, 100, 3e-3, seed=1, steps=10)
+    b = train_run("CNN", build, data, 100, 3e-3, seed=1, steps=10)
+    assert a.losses == b.losses and a.val_accuracy == b.val_accuracy and len(a.losses) == 10
+    assert (a.name, a.lr, a.n_train, a.seed) == ("CNN", 3e-3, 100, 1)
+    assert a.val_accuracy == accuracy(a.model, data.val_images, data.val_labels)
+    assert train_run("CNN", build, data, 100, 3e-3, seed=2, steps=10).losses != a.losses
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)  # one thread inside the run, the caller's setting back afterwards
+        assert train_run("CNN", build, data, 100, 3e-3, seed=1, steps=10).losses == a.losses
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(ValueError, match="validation set"):
+        train_run("CNN", build, digits_split(), 100, 3e-3, seed=0, steps=10)
+
+
+def test_choose_learning_rates_takes_the_best_mean_validation_accuracy_per_model():
+    def run(name, lr, n, accuracy):
+        return Run(name, lr, n, 0, None, [], accuracy)
+
+    runs = [run("A", 1e-3, 100, 0.75), run("A", 1e-3, 300, 0.25), run("A", 3e-3, 100, 0.5), run("A", 3e-3, 300, 0.5),
+            run("A", 1e-2, 100, 0.875), run("A", 1e-2, 300, 0.0),
+            run("B", 1e-3, 100, 0.5), run("B", 1e-2, 100, 0.625)]
+    # A: means 0.5, 0.5, 0.4375 -> the tie goes to the smaller rate; B: the better one
+    assert choose_learning_rates(runs) == {"A": 1e-3, "B": 1e-2}

@@ -15,8 +15,10 @@ Read top to bottom: patchify and the ViT; the Swin functions (window_partition,
 window_reverse, cyclic_shift, shifted_window_mask, relative_position_index_2d, merge_patches),
 its block, stage and model; converters from Hugging Face's ViT and Swin weights (their
 conventions, which these functions follow: patch-merging order (0,0),(1,0),(0,1),(1,1),
-a roll by -M/2, relative index (dy + M-1)(2M-1) + dx + M-1 with query minus key); and a
-small CNN with a training loop, for the chapter's comparison on scikit-learn's 8x8 digits.
+a roll by -M/2, relative index (dy + M-1)(2M-1) + dx + M-1 with query minus key); a small
+CNN with a training loop; and the chapter's comparison protocol on scikit-learn's 8x8 digits
+(train_run: one seeded run scored on a validation set; choose_learning_rates: one rate per
+model from a grid, chosen on validation).
 
 Attention, LayerNorm, the feed-forward network and the encoder stack are the library's
 (attention.MultiHeadAttention with its `bias=`, layers.LayerNorm / PositionwiseFeedForward /
@@ -683,10 +685,68 @@ def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch
     return correct / images.shape[0]
 
 
+# ---------------------------------------------------------------------------------------
+# A comparison a reviewer can check: learning rates chosen on validation, several seeds
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    """One trained model of a comparison: its setting, the model, every step's loss, and its
+    accuracy on the validation set (the test set is scored later, for the chosen runs only)."""
+
+    name: str
+    lr: float
+    n_train: int
+    seed: int
+    model: nn.Module
+    losses: list[float]
+    val_accuracy: float
+
+
+def train_run(name: str, build: Callable[[], nn.Module], data, n_train: int, lr: float, seed: int, steps: int,
+              batch_size: int = 64, threads: int | None = 1) -> Run:
+    """Train build() from scratch on n_train training images of `data` (a DigitsSplit with a
+    validation set) and score it on the validation images.
+
+    `seed` fixes everything random in the run: the subset (the first n_train of a seeded
+    permutation), the initial weights and the order of the batches. Every model gets the same
+    `steps` whatever n_train is, so that data, not compute, is what changes with n_train.
+
+    The run uses `threads` CPU threads (None: PyTorch's setting). One is the default: on models
+    this small, splitting each operation between threads costs more in synchronisation than it
+    saves (several times slower with two threads on a busy machine), and one thread also gives
+    the same sums, hence the same numbers, whatever the number of cores.
+    """
+    if data.val_images.shape[0] == 0:
+        raise ValueError("the data have no validation set: use digits_split(validation_size=...)")
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(_int("threads", threads, 1))
+    try:
+        torch.manual_seed(seed)
+        model = build()
+        images, labels = data.subset(n_train, seed)
+        losses = train_classifier(model, images, labels, steps=steps, batch_size=batch_size, lr=lr, seed=seed)
+        val_accuracy = accuracy(model, data.val_images, data.val_labels)
+    finally:
+        torch.set_num_threads(previous)
+    return Run(name, lr, n_train, seed, model, losses, val_accuracy)
+
+
+def choose_learning_rates(runs: Sequence[Run]) -> dict[str, float]:
+    """For each model, the learning rate whose runs have the highest mean validation accuracy
+    (the mean over every training-set size and seed it was tried with); a tie goes to the
+    smaller rate. One rate per model, used at every size: the test set plays no part."""
+    scores: dict[str, dict[float, list[float]]] = {}
+    for run in runs:
+        scores.setdefault(run.name, {}).setdefault(run.lr, []).append(run.val_accuracy)
+    return {name: max(sorted(by_lr), key=lambda lr: sum(by_lr[lr]) / len(by_lr[lr])) for name, by_lr in scores.items()}
+
+
 __all__ = [
     "patchify", "unpatchify", "conv_to_linear", "ViTConfig", "ViT",
     "window_partition", "window_reverse", "cyclic_shift", "shifted_window_mask", "relative_position_index_2d",
     "merge_patches", "SwinParts", "SwinBlock", "PatchMerging", "SwinStage", "SwinConfig", "Swin",
     "vit_config_from_hf", "load_hf_vit_state_dict", "swin_config_from_hf", "load_hf_swin_state_dict",
-    "SmallCNN", "count_parameters", "train_classifier", "accuracy",
+    "SmallCNN", "count_parameters", "train_classifier", "accuracy", "Run", "train_run", "choose_learning_rates",
 ]
