@@ -686,8 +686,8 @@ plt.show()
 # $$e_{tj} = s_t \cdot h_j \quad \text{(score)}, \qquad a_{tj} = \frac{\exp(e_{tj})}{\sum_{j'} \exp(e_{tj'})} \quad \text{(weights)}, \qquad c_t = \sum_j a_{tj}\, h_j \quad \text{(context vector)}.$$
 #
 # The weights $a_{t\cdot}$ say *where the decoder looks* while writing word $t$: a soft **alignment**
-# between target and source words. The context vector $c_t$ is what it reads there. (Bahdanau et al. write the
-# weights with the letter $\alpha$; this course writes attention weights $a$ in every chapter.)
+# between target and source words. The context vector $c_t$ is what it reads there. (Bahdanau et al. write these
+# weights $\alpha_{tj}$ and Luong et al. $a_t(s)$; this course writes attention weights $a$ in every chapter.)
 
 # %% [markdown]
 # ### Exercise 5 — `alignment`

@@ -356,7 +356,7 @@ print("size (norm) of each head's term head_i W^O_i:", [f"{s:.2f}" for s in shar
 # A mask hides keys from queries: boolean, `True` = may attend, broadcast to the scores (chapter 02). Two shapes
 # come up in practice. A decoder's causal mask is `[L_q, L_k]`, the same for every sentence. A batch of sentences
 # of different lengths needs one row of visible keys per sentence, `[batch, 1, L_k]`, which hides each sentence's
-# padding. (Chapter 06 builds padding masks from the token ids; in this chapter we write them by hand.) The `1`
+# padding. (Chapter 06 builds them from the token ids, in the 4-D form below; here we write them by hand.) The `1`
 # there means "the same for every query": it broadcasts over the queries. This chapter accepts exactly these
 # shapes, plus a full `[batch, L_q, L_k]`.
 #

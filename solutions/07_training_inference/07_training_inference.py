@@ -12,8 +12,9 @@
 # Chapters 01 to 06 built every part of the Transformer: attention, heads, positions, the encoder and decoder
 # layers, and their masks. The model in `transformer_lib.layers.EncoderDecoder` is complete, but untrained:
 # its weights are random, and it knows nothing. This chapter trains one, 400 steps on a single CPU thread, and
-# then uses it. Section 8 prints how long the training took on your machine: on the machines this course was built
-# on, one to two minutes.
+# then uses it. Section 8 prints how long its two parts took on your machine. On the two-core machine this course
+# is tested on they took about 20 seconds together when the notebook ran alone, and up to four times as long when
+# other work shared the processor.
 #
 # The task is small but real: read a date written by a human, in any of a dozen styles, and write it in the
 # ISO 8601 form computers agree on.
@@ -831,9 +832,9 @@ print(f"paper's peak: {noam_learning_rate_impl(4000, 512, 4000) * 1e4:.2f} x 10^
 #   with $\varepsilon = 0.1$ and the `<pad>` id fixed).
 # * returns the batch's loss as a Python `float` (`loss.item()`).
 #
-# Worked example: on a fresh model, two calls on the same batch return two losses, the second a little smaller
-# (the check makes exactly such pairs of steps and compares the losses, the learning rate and every weight of the
-# model after each step with the reference).
+# Worked example: on a fresh model, two calls on the same batch return two losses, the second a little smaller.
+# (The check runs your function for two steps, on two small batches, and compares with the reference the two
+# losses, every weight of the model after each step, and the learning rate after the second step.)
 #
 # <details><summary>Hint 1 — the idea</summary>Seven lines, one per item of the list (the forward pass and the loss
 # make two). The exercise is the order: what must happen before what, and why.</details>
@@ -1361,7 +1362,7 @@ for name, d in widths:
 
 # %% [markdown]
 # So attention catches up with the rest only after 448 tokens in our model, 3,584 in the paper's base model, 28,672
-# at a $d_{model}$ of 4,096, and 86,016 at the width of GPT-3, whose $d_{model}$ is 12,288 (Brown et al., 2020,
+# at a $d_{model}$ of 4,096, and 86,016 for an encoder–decoder as wide as GPT-3, whose $d_{model}$ is 12,288 (Brown et al., 2020,
 # "Language Models are Few-Shot Learners", Table 2.1). GPT-3 itself has no encoder, hence no cross-attention: its
 # layers cost $12\, d_{model}^2$ per position instead of 14, which moves its crossover to $6\, d_{model}$, still far
 # beyond its context of 2,048 tokens. Kaplan et al. (2020, "Scaling Laws for Neural Language Models", section 2.1)

@@ -212,6 +212,9 @@ print(f"held-out text: {len(val_text):,} characters; {len(val_words):,} letter w
       f"{len(val_text) / len(val_words):.2f} characters each if the rest were free)")
 print(f"as words with punctuation and digits kept (pre_tokenize): {len(val_pieces):,} tokens, "
       f"{chars_per_word:.2f} characters each")
+seen_pieces = set(pre_tokenize(train_text))
+unknown_pieces = sum(piece not in seen_pieces for piece in val_pieces)
+print(f"  of which never seen in the training text: {unknown_pieces} ({unknown_pieces / len(val_pieces):.1%})")
 print(f"characters instead: {chars_per_word:.1f} times the tokens, {chars_per_word ** 2:.1f} times the pairs")
 
 # %% [markdown]
@@ -231,9 +234,9 @@ print(f"characters instead: {chars_per_word:.1f} times the tokens, {chars_per_wo
 # does it with one greedy rule. Sennrich, Haddow and Birch ("Neural Machine Translation of Rare Words with Subword
 # Units", ACL 2016) adapted it to words from a 1994 compression algorithm of Philip Gage. It is one of three
 # subword methods in wide use: GPT-2 uses BPE (section 4), BERT uses WordPiece (section 5), and T5, ALBERT and
-# XLNet use the unigram language model of Kudo ("Subword Regularization", ACL 2018) through the SentencePiece
-# library of Kudo and Richardson (EMNLP 2018), which starts from a large vocabulary and prunes it (Hugging Face's
-# *Summary of the tokenizers* lists which model uses which). BPE's rule:
+# XLNet use the unigram language model of Kudo ("Subword Regularization", ACL 2018), which starts from a large
+# vocabulary and prunes it, as implemented in the SentencePiece library of Kudo and Richardson (EMNLP 2018), a
+# library that also offers BPE (Hugging Face's *Summary of the tokenizers* lists which model uses which). BPE's rule:
 #
 # 1. Cut the text into words and count them.
 # 2. Spell every word as a sequence of symbols, one per character.
@@ -578,8 +581,9 @@ plt.show()
 # %% [markdown]
 # The returns diminish: each doubling of the vocabulary buys less. Eight times the vocabulary gives 1.8 times
 # fewer tokens, and even 4,000 tokens stay short of whole words with their punctuation (4.45 characters per token
-# on this text, section 2), which pay for their length with the unknown words of section 1 (4.3% even with every
-# training word in the vocabulary).
+# on this text, section 2), which pay for their length with unknown tokens: 4.3% of the held-out letter words even
+# with every training word in the vocabulary (section 1), and 5.9% of the held-out pieces once case, the leading
+# space and punctuation are kept (section 2).
 # A larger table also costs parameters (section 7) and leaves rare tokens with few training examples. Published
 # models trained on far more text use larger vocabularies: about 30,000 tokens for BERT, 50,257 for GPT-2.
 #

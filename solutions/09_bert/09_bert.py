@@ -124,8 +124,9 @@ claim(float(others.max()) < 0.01 * float(change[4]), "every other position moves
       measured=str(change.tolist()))
 
 # %% [markdown]
-# Why so little? Not mainly because an untrained model spreads its attention thin: the test below keeps the
-# attention exactly as it is, and the others move far more. The cause is BERT's initialisation. Every weight matrix starts with entries drawn from
+# Why so little? Not mainly because an untrained model spreads its attention thin: the test below keeps the first
+# layer's attention exactly as it is, and the others move far more. The cause is BERT's initialisation at this tiny
+# width. Every weight matrix starts with entries drawn from
 # a normal distribution of mean 0 and standard deviation 0.02 (`initializer_range` in the code Devlin et al.
 # released, where the normal is truncated at two standard deviations; the library's `Bert` uses a plain normal of
 # the same width). A $d \times d$ matrix with entries of standard deviation $\sigma$ changes the length of a
@@ -342,7 +343,7 @@ plt.show()
 #
 # The layers are otherwise the original post-norm encoder layers (chapter 05).
 #
-# The LayerNorm removes one thing only: a scale **shared** by the three tables. Multiply all three by 10 and the
+# Of the three tables' sizes, the LayerNorm removes only a scale **shared** by all three. Multiply all three by 10 and the
 # normalised sum does not change. It does not remove their **relative** scale: multiply the token table alone by 10
 # and the normalised sum is almost the token embedding alone, position and segment nearly lost, as chapter 08
 # (section 8) measured for the $\sqrt{d_{model}}$ scale. So BERT starts the three tables at the same size, every
@@ -594,6 +595,10 @@ print(f"special ids drawn as random tokens: {special_random_tokens(pair_ids, inp
       f"{special_random_tokens(no_padding, no_padding_inputs, no_padding_labels)}")
 
 # %% [markdown]
+# Neither the batch above nor a batch that holds no `[PAD]` at all ever receives a special id as a random token:
+# the candidates leave out every special id, whichever of them the batch happens to contain.
+
+# %% [markdown]
 # ## 7. The loss: on the selected positions only
 #
 # The MLM head turns each final state into scores over the vocabulary, `[batch, seq, vocab]`. The loss is the
@@ -700,7 +705,7 @@ def with_your_embeddings(model):
 
 def lr_factor(step, n_steps):
     """The learning rate at `step`, as a fraction of its peak: linear warm-up over the first tenth of the steps,
-    then linear decay, reaching zero at the end."""
+    then linear decay towards zero at step n_steps (the last step taken, n_steps - 1, gets 1/n_steps of the peak)."""
     warmup = max(1, n_steps // 10)
     return min(1.0, (step + 1) / warmup) * (1 - step / n_steps)
 
@@ -811,7 +816,7 @@ claim(last_nsp < sum(nsp_history[-100:-50]) / 50, "and the last 50 steps are low
 # before. A model that knew the topic perfectly, and nothing else, would reach 0.477, the dotted green line: it
 # would be sure on the quarter of the pairs whose topics differ, and on the rest could only give *IsNext* a
 # probability of 2/3. How low this run's NSP loss would go, the run cannot say: the learning rate (dashed) decays
-# linearly and reaches zero at the last step, so the last steps barely move the weights. Finding out would take a
+# linearly to 1/500 of its peak at the last step, so the last steps barely move the weights. Finding out would take a
 # longer run.
 
 # %% [markdown]
@@ -887,7 +892,7 @@ claim(0.55 <= nsp_accuracy <= nsp_ceiling + 0.02, "NSP accuracy is at least 55%,
 # templates. Where the template fixes the word it is right at least 85% of the time, and at least 60% of its misses
 # are at the open places, which are only a fifth of the blanks: there the context tells the kind of word, a fruit
 # or a taste, but the word itself was drawn at random, so no model can know which. NSP is harder: at least 55%, above
-# chance, and no more than a perfect topic detector gets on these pairs (76.6%; section 8's 75% is what it gets on
+# chance, and not above what a perfect topic detector gets on these pairs, give or take 2 points of luck (76.6%; section 8's 75% is what it gets on
 # average). It learns the topic from the pooled `[CLS]` alone, one bit per pair, while MLM gets a signal at every
 # selected position.
 #
@@ -1008,20 +1013,21 @@ for name, values in measures.items():
 control, trained = measures["untrained (control)"], measures["pre-trained"]
 measured = str(measures)  # shown if a claim fails
 claim(0.8 <= control["own centre"] <= 0.95 and control["same place"] > 0.99,
-      "untrained: 'apple' is nearer its own sense's centre in 80% to 95% of the sentences, but at one position a "
-      "fruit and a company 'apple' have a cosine above 0.99", measured=measured)
+      "untrained: 'apple' is nearer its own sense's centre in 80% to 95% of the sentences, but at the same position "
+      "a fruit and a company 'apple' have a cosine above 0.99", measured=measured)
 claim(control["elsewhere"] <= 0.6, "untrained, with the position taken out: at most 60%", measured=measured)
 claim(min(trained["own centre"], trained["elsewhere"]) >= 0.95 and trained["same place"] < 0.5,
-      "pre-trained: at least 95% by both measures, and at one position the two senses have a cosine below 0.5",
+      "pre-trained: at least 95% by both measures, and at the same position the two senses have a cosine below 0.5",
       measured=measured)
 
 # %% [markdown]
 # The control already puts *apple* nearer its own sense's centre in 80% to 95% of the sentences, and the left
-# picture shows how: its vectors form tight clusters, one per position, and the two kinds of template mostly put
-# *apple* at different positions. At one position, a fruit *apple* and a company *apple* have almost the same vector
-# (a mean cosine above 0.99), and once the position is taken out the control gets at most 60% right. The pre-trained
-# encoder gets at least 95% by both measures, and at one position the two senses now point apart (a mean cosine
-# below 0.5). No label was used in pre-training: filling in blanks forced the encoder to work out which *apple* each
+# picture shows how: its vectors form tight clusters, one per position, and the position nearly gives the sense
+# away: fruit and company templates share only positions 3 and 5, and at each of those one sense far outnumbers the
+# other. At the same position, a fruit *apple* and a company *apple* have almost the same vector (a mean cosine
+# above 0.99), and once the position is taken out the control gets at most 60% right (a coin toss gets 50%).
+# The pre-trained encoder gets at least 95% by both measures, and at the same position the two senses now point
+# apart (a mean cosine below 0.5). No label was used in pre-training: filling in blanks forced the encoder to work out which *apple* each
 # sentence meant. This is the contextual vector chapter 01 asked for.
 
 # %% [markdown]
@@ -1139,8 +1145,8 @@ claim(pre_test > scratch_test, "the pre-trained model gets more of them right", 
 # does better: it had grouped those words with the fruits and the companies while it filled in blanks, and a few
 # labels were enough to name the two groups.
 #
-# How much better? One fine-tuning run of 40 steps depends on its seed, which sets the classifier's first weights
-# and the order of the batches. Three more seeds, for both models, from the same pre-trained encoder:
+# How much better? One fine-tuning run of 40 steps depends on its seed, which sets the first weights of what is
+# not pre-trained (the classifier; for the model from scratch, everything) and the order of the batches. Three more seeds, for both models, from the same pre-trained encoder:
 
 # %% tags=["nbval-ignore-output"]
 def fine_tuned_sense_accuracy(from_pretrained, seed):

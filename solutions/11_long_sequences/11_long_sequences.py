@@ -179,7 +179,7 @@ plt.show()
 #
 # ### The sliding window
 #
-# A **sliding window** of size $w$ lets query $i$ attend to key $j$ when $|i - j| \le w$: the token itself and $w$
+# A **sliding window** of half-width $w$ (the course's `window`) lets query $i$ attend to key $j$ when $|i - j| \le w$: the token itself and $w$
 # neighbours on each side, a band of $2w + 1$ diagonals. In a decoder the window keeps only its past half,
 # $0 \le i - j \le w$. Longformer (Beltagy et al., 2020) uses such a window in every layer, and the local heads of
 # the Sparse Transformer (Child et al., 2019) do the same. Mind the convention when you read the Longformer paper:
@@ -477,9 +477,11 @@ plt.show()
 # %% [markdown]
 # The window of 2 needs 16 layers to cover all 64 positions from the middle: its field grows by 4 positions per
 # layer. The dilated window never gets there: every hop is a multiple of 4 positions, so it reaches the 16
-# positions a multiple of 4 away and not one more, however deep the stack. Its gaps are never filled, which is why
-# Longformer's character-level models give a dilation to 2 heads of their higher layers only and plain windows to
-# all the others. The window-plus-stride pair and the global token reach all 64 positions in 2 layers. And a field that *can* reach far is not yet a model that *uses* it well: information
+# positions a multiple of 4 away and not one more, however deep the stack. Its gaps are never filled. A stack
+# needs plain windows beside the dilated ones, and Longformer's character-level models have them: a dilation on
+# 2 heads of their higher layers only, so that the other heads keep the close neighbours. The window-plus-stride
+# pair and the global token reach all 64 positions in 2 layers. And a field that *can* reach far is not yet a
+# model that *uses* it well: information
 # relayed through 16 layers is mixed at every step. That is why the long-range models combine the patterns: a
 # window for the local detail, global tokens or strides for the long hops.
 
@@ -918,7 +920,8 @@ for n in SIZES[2:]:
 # FlashAttention, which also tiles the queries. FlashAttention (Dao et al., 2022) takes a block of queries and a block of keys at a
 # time, both sized to fit on the chip, so only its output and two numbers per query ($m$ and $\ell$) grow with $n$.
 # It also recomputes the blocks in the backward pass instead of storing them, and fuses everything into one GPU
-# kernel. On a GPU the saved memory traffic is what makes it faster; the FLOPs are the same.
+# kernel. On a GPU the saved memory traffic is what makes it faster: its forward pass does the same arithmetic as
+# dense attention, and its backward pass does *more*, because it recomputes the scores, yet it still runs faster.
 #
 # ## 7. All of them side by side, and PyTorch's fused kernel
 #

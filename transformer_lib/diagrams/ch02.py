@@ -27,7 +27,7 @@ def _note(ax, x, y, text, fontsize=8.5):
 
 def draw_qkv_flow():
     """One token's trip through self-attention: x_i -> (W^Q, W^K, W^V) -> q_i, k_i, v_i;
-    q_i . k_j for every j -> scores -> / sqrt(d_k) -> softmax -> weights -> sum_j w_ij v_j -> z_i."""
+    q_i . k_j for every j -> scores -> / sqrt(d_k) -> softmax -> weights -> sum_j a_ij v_j -> z_i."""
     fig, ax = canvas(16.2, 7.6, size=(13.0, 6.1),
                      title="Self-attention for one token i: query, keys, values, weights")
     top, mid, bottom = 5.6, 3.2, 0.8  # lanes: the query's path, the keys, the values
@@ -70,13 +70,13 @@ def draw_qkv_flow():
     arrow(ax, (14.15, soft[1]), (14.75, soft[1]))
 
     # -- weights: n numbers >= 0 that sum to 1 ----------------------------------------------
-    w_left, w_right, _, w_top = _row_of_cells(ax, 13.3, mid, ["$w_{i1}$", "$w_{i2}$", "…", "$w_{in}$"],
+    w_left, w_right, _, w_top = _row_of_cells(ax, 13.3, mid, ["$a_{i1}$", "$a_{i2}$", "…", "$a_{in}$"],
                                               "weights")
     arrow(ax, (soft[0], top), (soft[0], w_top))
     _note(ax, (w_left + w_right) / 2, mid - 0.1, "weights: ≥ 0, sum to 1")
 
     # -- the weighted sum of the values -----------------------------------------------------
-    mix = box(ax, 9.9, bottom - 0.1, 2.6, 1.0, "$\\sum_j\\, w_{ij}\\, v_j$", "output", fontsize=13)
+    mix = box(ax, 9.9, bottom - 0.1, 2.6, 1.0, "$\\sum_j\\, a_{ij}\\, v_j$", "output", fontsize=13)
     arrow(ax, (v_right, mix[1]), (9.9, mix[1]))
     arrow(ax, ((w_left + w_right) / 2, mid - 0.55), (12.2, bottom + 0.9), curve=-0.15)
     z_i = box(ax, 13.6, bottom - 0.1, 1.5, 1.0, "$z_i$\nnew vector", "output", fontsize=11)
