@@ -100,29 +100,22 @@ def test_the_classic_example():
     assert len(all_merges) == 12  # until every word is one token
 
 
-def test_ties_go_to_the_smaller_ids_not_the_smaller_strings():
+@pytest.mark.parametrize("counts, expected", [
     # After ("a","b") (count 3), ("ab","c") and ("b","d") tie at 2. By strings "ab" < "b";
     # by ids "b" (a character) < "ab" (a merge): tokenizers compares ids, and so do we.
-    counts = {"abc": 2, "ab": 1, "bd": 2}
-    merges, vocab = train_bpe(counts, 3)
-    assert merges == [("a", "b"), ("b", "d"), ("ab", "c")]
-    from tokenizers import pre_tokenizers
-
-    text = " ".join(word for word, n in counts.items() for _ in range(n))
-    _, hf_merges, hf_vocab = hf_bpe([text], 3, set("abcd"), pre_tokenizers.WhitespaceSplit())
-    assert hf_merges == merges and hf_vocab == vocab
-
-
-def test_the_first_symbol_decides_a_tie_even_against_two_characters():
+    ({"abc": 2, "ab": 1, "bd": 2}, [("a", "b"), ("b", "d"), ("ab", "c")]),
     # After ("b","c") (count 3), ("a","bc") and ("d","e") tie at 2. A rule "two characters
     # first" would take ("d","e"); the ids compare the first symbols first, and a (0) < d (3).
-    counts = {"abc": 2, "bc": 1, "de": 2}
+    ({"abc": 2, "bc": 1, "de": 2}, [("b", "c"), ("a", "bc"), ("d", "e")]),
+], ids=["smaller ids, not smaller strings", "the first symbol decides, even against two characters"])
+def test_ties_go_to_the_smaller_ids_as_in_tokenizers(counts, expected):
     merges, vocab = train_bpe(counts, 3)
-    assert merges == [("b", "c"), ("a", "bc"), ("d", "e")]
+    assert merges == expected
     from tokenizers import pre_tokenizers
 
     text = " ".join(word for word, n in counts.items() for _ in range(n))
-    _, hf_merges, hf_vocab = hf_bpe([text], 3, set("abcde"), pre_tokenizers.WhitespaceSplit())
+    alphabet = set("".join(counts))
+    _, hf_merges, hf_vocab = hf_bpe([text], 3, alphabet, pre_tokenizers.WhitespaceSplit())
     assert hf_merges == merges and hf_vocab == vocab
 
 
