@@ -5,7 +5,7 @@ same checker by name in REGISTRY and judges the learner's outputs in its own pro
 """
 
 from .core import (RESULTS, Case, Checker, CheckFailed, Mistake, Property, Verdict, describe_difference,
-                   exercise_summary, yours_or_reference)
+                   exercise_summary, model_calls, yours_or_reference)
 import importlib
 import pkgutil
 
@@ -31,4 +31,4 @@ def get_checker(name: str) -> Checker:
 
 
 __all__ = ["Case", "Checker", "CheckFailed", "Mistake", "Property", "Verdict", "describe_difference", "REGISTRY",
-           "RESULTS", "get_checker", "exercise_summary", "yours_or_reference"]
+           "RESULTS", "get_checker", "exercise_summary", "model_calls", "yours_or_reference"]

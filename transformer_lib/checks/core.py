@@ -392,6 +392,36 @@ def yours_or_reference(fn: Callable, checker: Checker):
     return checker.fallback if checker.fallback is not None else checker.reference
 
 
+def model_calls(model: torch.nn.Module, fn: Callable, *inputs, **kwargs) -> int:
+    """How many times one forward pass of `model` calls `fn`.
+
+    A chapter builds its model from the learner's functions (`yours_or_reference` hands them
+    over) and keeps each one as an attribute of a module. This finds every attribute, anywhere in
+    the module tree, that *is* `fn`, counts the calls made through it while running
+    `model(*inputs, **kwargs)` once without gradients, and puts everything back. A chapter asserts
+    the count, so "the model you trained runs your function" is checked, not just said."""
+    count = 0
+
+    def counting(*args, **kw):
+        nonlocal count
+        count += 1
+        return fn(*args, **kw)
+
+    patched = [(module, attr) for module in model.modules() for attr, value in list(vars(module).items())
+               if value is fn]
+    if not patched:
+        return 0
+    try:
+        for module, attr in patched:
+            setattr(module, attr, counting)
+        with torch.no_grad():
+            model(*inputs, **kwargs)
+    finally:
+        for module, attr in patched:
+            setattr(module, attr, fn)
+    return count
+
+
 def exercise_summary(*checkers: Checker) -> None:
     """Print, for each exercise of a chapter, whether its last check passed."""
     passed = [c for c in checkers if c.name in RESULTS and RESULTS[c.name][1].passed]
