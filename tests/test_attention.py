@@ -13,8 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from transformer_lib.attention import (
+    SelfAttention,
     attention_scores,
     project_qkv,
+    real_tokens,
     scaled_dot_product_attention,
     self_attention,
     softmax,
@@ -233,6 +235,63 @@ def test_causality_check_catches_a_missing_mask():
     out, _ = self_attention(x, w_q, w_k, w_v)
     out2, _ = self_attention(x2, w_q, w_k, w_v)
     assert not torch.allclose(out[:, :5], out2[:, :5])
+
+
+# ---------------------------------------------------------------- the SelfAttention layer
+
+
+def _layer(d_model=8, d_k=6, d_v=5, seed=4):
+    torch.manual_seed(seed)
+    return SelfAttention(d_model, d_k, d_v).double()
+
+
+def test_self_attention_layer_is_the_matrix_form_with_its_weights():
+    layer = _layer()
+    x = torch.randn(2, 7, 8, dtype=torch.float64)
+    out, weights = layer(x)
+    expected = self_attention(x, layer.w_q.weight.T, layer.w_k.weight.T, layer.w_v.weight.T)
+    torch.testing.assert_close(out, expected[0])
+    torch.testing.assert_close(weights, expected[1])
+    assert out.shape == (2, 7, 5) and weights.shape == (2, 7, 7)
+    assert [name for name, _ in layer.named_parameters()] == ["w_q.weight", "w_k.weight", "w_v.weight"]
+
+
+def test_self_attention_layer_hides_the_padding_as_keys():
+    layer = _layer(d_v=6)
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    lengths = torch.tensor([5, 2, 4])
+    out, weights = layer(x, lengths)
+    q, k, v = layer.w_q(x), layer.w_k(x), layer.w_v(x)
+    hide = torch.arange(5) >= lengths[:, None]  # [batch, seq]: the padding
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=~hide[:, None, :])  # keys hidden, every query
+    torch.testing.assert_close(out, expected, **TOL[torch.float64])
+    assert (weights.masked_select(hide[:, None, :].expand_as(weights)) == 0).all()  # exactly 0 on padding
+    torch.testing.assert_close(weights.sum(-1), torch.ones(3, 5, dtype=torch.float64))
+
+
+def test_self_attention_layer_gives_a_sentence_the_same_vectors_in_any_batch():
+    layer = _layer()
+    sentence = torch.randn(1, 3, 8, dtype=torch.float64)
+    padded = torch.cat([sentence, torch.randn(1, 4, 8, dtype=torch.float64)], dim=1)  # 4 positions of padding
+    other = torch.randn(1, 7, 8, dtype=torch.float64)
+    out, _ = layer(torch.cat([padded, other]), torch.tensor([3, 7]))
+    alone, _ = layer(sentence)
+    torch.testing.assert_close(out[0, :3], alone[0])
+
+
+def test_real_tokens_and_bad_lengths_are_named():
+    assert real_tokens(torch.tensor([3, 1, 0]), 3).tolist() == [[True, True, True], [True, False, False],
+                                                                 [False, False, False]]
+    layer = _layer()
+    x = torch.randn(2, 4, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match="0 .. 4"):
+        layer(x, torch.tensor([5, 2]))
+    with pytest.raises(ValueError, match="lengths has 3 entries for a batch of 2"):
+        layer(x, torch.tensor([1, 2, 3]))
+    with pytest.raises(TypeError, match="integer tensor"):
+        layer(x, torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match=r"\[batch, seq, d_model\]"):
+        layer(x[0])
 
 
 # ---------------------------------------------------------------- softmax

@@ -10,6 +10,8 @@ import math
 
 import pytest
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 from transformer_lib.attention import scaled_dot_product_attention
 from transformer_lib.checks.ch02 import (
@@ -17,6 +19,7 @@ from transformer_lib.checks.ch02 import (
     check_attention_scores,
     check_scaled_attention,
     check_self_attention,
+    check_self_attention_layer,
     check_softmax,
 )
 
@@ -29,6 +32,7 @@ ATTENTION_OVERFLOW = "NaN or inf in the weights, only on rows with large scores"
 SCORES_TRANSPOSED_SCALED = "the scores transposed (keys on the rows) and multiplied by a wrong constant"
 SCORES_WRONG_CONSTANT = "the right dot products multiplied by a wrong constant"
 SCORES_PERMUTED = "a shape with the right sizes in the wrong order"
+WEIGHT_ON_PADDING = "weight on padding tokens in a real token's row"
 
 
 def verdict_of(checker, answer, hidden):
@@ -182,6 +186,135 @@ def test_self_attention_without_scale_and_softmax_over_queries(hidden):
     verdict = verdict_of(check_self_attention, answer, hidden)
     assert_named(verdict, SUM_KEYS)
     assert_no_catalogued_mistake(check_self_attention, verdict)
+
+
+# -- the SelfAttention layer: two mistakes at once, and right answers written other ways ----------
+
+
+class _Layer(nn.Module):
+    """The constructor the notebook gives; subclasses write forward as a learner might."""
+
+    def __init__(self, d_model, d_k, d_v=None):
+        super().__init__()
+        d_v = d_k if d_v is None else d_v
+        self.d_k = d_k
+        self.w_q = nn.Linear(d_model, d_k, bias=False)
+        self.w_k = nn.Linear(d_model, d_k, bias=False)
+        self.w_v = nn.Linear(d_model, d_v, bias=False)
+
+
+class LayerUnscaledLengthsIgnored(_Layer):
+    """No sqrt(d_k) scale AND the lengths never used: real tokens attend to the padding."""
+
+    def forward(self, x, lengths=None):
+        weights = torch.softmax(self.w_q(x) @ self.w_k(x).transpose(-2, -1), dim=-1)
+        return weights @ self.w_v(x), weights
+
+
+class LayerQueriesHiddenWithSqrtDModel(_Layer):
+    """The padding hidden as queries (rows) AND the scores scaled by sqrt(d_model)."""
+
+    def forward(self, x, lengths=None):
+        scores = self.w_q(x) @ self.w_k(x).transpose(-2, -1) / math.sqrt(x.shape[-1])
+        if lengths is not None:
+            real = torch.arange(x.shape[1]) < lengths[:, None]
+            scores = scores.masked_fill(~real[:, :, None], -1e9)
+        weights = torch.softmax(scores, dim=-1)
+        return weights @ self.w_v(x), weights
+
+
+class LayerMaskAfterSoftmaxUnscaled(_Layer):
+    """The padding zeroed in the weights after the softmax AND no scale."""
+
+    def forward(self, x, lengths=None):
+        weights = torch.softmax(self.w_q(x) @ self.w_k(x).transpose(-2, -1), dim=-1)
+        if lengths is not None:
+            weights = weights * (torch.arange(x.shape[1]) < lengths[:, None])[:, None, :]
+        return weights @ self.w_v(x), weights
+
+
+class LayerOneTooManyUnscaled(_Layer):
+    """One padding key left visible (<= instead of <) AND no scale."""
+
+    def forward(self, x, lengths=None):
+        scores = self.w_q(x) @ self.w_k(x).transpose(-2, -1)
+        if lengths is not None:
+            real = torch.arange(x.shape[1]) <= lengths[:, None]
+            scores = scores.masked_fill(~real[:, None, :], float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        return weights @ self.w_v(x), weights
+
+
+@hidden_or_not
+def test_layer_without_scale_and_without_the_lengths_names_the_padding(hidden):
+    verdict = verdict_of(check_self_attention_layer, LayerUnscaledLengthsIgnored, hidden)
+    assert_named(verdict, WEIGHT_ON_PADDING)
+    assert_no_catalogued_mistake(check_self_attention_layer, verdict)
+
+
+@hidden_or_not
+def test_layer_masking_the_queries_with_the_wrong_scale_names_the_padding(hidden):
+    verdict = verdict_of(check_self_attention_layer, LayerQueriesHiddenWithSqrtDModel, hidden)
+    assert_named(verdict, WEIGHT_ON_PADDING)
+    assert_no_catalogued_mistake(check_self_attention_layer, verdict)
+
+
+@hidden_or_not
+def test_layer_masking_after_the_softmax_without_scale_names_the_sums(hidden):
+    verdict = verdict_of(check_self_attention_layer, LayerMaskAfterSoftmaxUnscaled, hidden)
+    assert_named(verdict, SUM_KEYS, absent=[WEIGHT_ON_PADDING])
+    assert_no_catalogued_mistake(check_self_attention_layer, verdict)
+
+
+@hidden_or_not
+def test_layer_one_padding_key_too_many_without_scale_names_the_padding(hidden):
+    verdict = verdict_of(check_self_attention_layer, LayerOneTooManyUnscaled, hidden)
+    assert_named(verdict, WEIGHT_ON_PADDING)
+    assert_no_catalogued_mistake(check_self_attention_layer, verdict)
+
+
+class LayerThroughScaledAttention(_Layer):
+    """Right: the projections, then chapter 02's scaled attention with a [batch, 1, seq] mask."""
+
+    def forward(self, x, lengths=None):
+        mask = None
+        if lengths is not None:
+            mask = (torch.arange(x.shape[1])[None, :] < lengths.unsqueeze(1)).unsqueeze(1)  # [batch, 1, seq]
+        return scaled_dot_product_attention(self.w_q(x), self.w_k(x), self.w_v(x), mask=mask)
+
+
+class LayerWithMinusInfAndFusedOutput(_Layer):
+    """Right: -inf for the padding, the weights by hand and the output from PyTorch's fused kernel."""
+
+    def forward(self, x, lengths=None):
+        q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
+        bias = torch.zeros(x.shape[0], 1, x.shape[1], dtype=x.dtype)
+        if lengths is not None:
+            bias = bias.masked_fill(torch.arange(x.shape[1]) >= lengths[:, None, None], float("-inf"))
+        weights = torch.softmax(q @ k.mT * self.d_k**-0.5 + bias, dim=-1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias), weights
+
+
+class LayerLoopOverSentences(_Layer):
+    """Right: one sentence at a time, attention over its real keys only, padded rows included."""
+
+    def forward(self, x, lengths=None):
+        outputs, all_weights = [], []
+        for b in range(x.shape[0]):
+            n = x.shape[1] if lengths is None else int(lengths[b])
+            q, k, v = self.w_q(x[b]), self.w_k(x[b, :n]), self.w_v(x[b, :n])  # keys and values: real only
+            weights = torch.softmax(q @ k.T / math.sqrt(self.d_k), dim=-1)  # [seq, n]
+            outputs.append(weights @ v)
+            all_weights.append(F.pad(weights, (0, x.shape[1] - n)))  # zero columns for the padding
+        return torch.stack(outputs), torch.stack(all_weights)
+
+
+@pytest.mark.parametrize("answer", [LayerThroughScaledAttention, LayerWithMinusInfAndFusedOutput,
+                                    LayerLoopOverSentences], ids=lambda a: a.__name__)
+@hidden_or_not
+def test_layer_written_another_way_is_accepted(answer, hidden):
+    verdict = verdict_of(check_self_attention_layer, answer, hidden)
+    assert verdict.passed, verdict.message
 
 
 # -- and never on a right answer ---------------------------------------------------------------

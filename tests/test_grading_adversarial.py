@@ -31,6 +31,7 @@ pytestmark = pytest.mark.slow
 CHAPTER = adversarial.CHAPTER
 CELL_TIMEOUT = 20  # the hang cases cost this (plus the watchdog's grace) instead of 120 s
 CASES = {case.student: case for case, _ in adversarial.cases(9, ROOT)}
+MAX_POINTS = sum(adversarial.TESTS.values())  # the chapter's points: every test of chapter 02
 SECRET = "the grader's database password"
 
 
@@ -119,7 +120,7 @@ def test_each_submission_scores_as_expected_with_its_note(graded, student):
         pytest.skip(f"{case.attack}: not checked, this machine's isolation does not give {missing}")
     scores = _cell_scores(graded.course, student)
     assert scores == case.scores, f"{case.attack}: {graded.report.notes.get((student, CHAPTER))}"
-    assert graded.report.scores[(student, CHAPTER)] == (case.total, 8.0)
+    assert graded.report.scores[(student, CHAPTER)] == (case.total, MAX_POINTS)
     notes = graded.report.notes.get((student, CHAPTER), [])
     if case.quiet:
         assert notes == [], f"{case.attack}: an honest or harmless submission gets no note"
@@ -131,8 +132,8 @@ def test_each_submission_scores_as_expected_with_its_note(graded, student):
 def test_the_honest_students_are_graded_first_and_last_and_right(graded):
     names = [s for s, _ in graded.report.scores]
     assert names[0] == "a_honest_correct" or sorted(names)[0] == "a_honest_correct"
-    assert graded.report.scores[("a_honest_correct", CHAPTER)] == (8.0, 8.0)
-    assert graded.report.scores[("zz_honest_wrong", CHAPTER)] == (1.0, 8.0)
+    assert graded.report.scores[("a_honest_correct", CHAPTER)] == (MAX_POINTS, MAX_POINTS)
+    assert graded.report.scores[("zz_honest_wrong", CHAPTER)] == (1.0, MAX_POINTS)
     submitted = [line.split("] ")[1].split(" / ")[0] for line in graded.log if line.startswith("[")]
     assert submitted, "progress lines name each graded submission"
 
@@ -170,7 +171,7 @@ def test_no_submission_reached_the_network(graded):
 def test_feedback_shows_no_hidden_test_and_no_live_student_html(graded):
     from transformer_lib.checks import get_checker
 
-    checkers = [get_checker(n) for n in ("project_qkv", "attention_scores", "softmax", "scaled_attention", "self_attention")]
+    checkers = [get_checker(n) for n in adversarial.ANSWERS]
     visible = {c.name for ch in checkers for c in ch.cases() if not c.hidden}
     hidden_names = {c.name for ch in checkers for c in ch.cases(hidden=True) if c.hidden and c.name not in visible
                     and (len(c.name) >= 10 or " " in c.name)}

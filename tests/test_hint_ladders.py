@@ -60,13 +60,16 @@ def normalise(node: ast.AST) -> str:
     return re.sub(r"\s+", "", ast.unparse(tree))
 
 
+def _regions(solution_source: str) -> list[str]:
+    """Every solution region of an answer cell (a class may have one per method)."""
+    return re.findall(r"### BEGIN SOLUTION\n(.*?)[ \t]*### END SOLUTION", solution_source, re.S)
+
+
 def answer_statements(solution_source: str) -> list[str]:
     """The normalised statements of a solution region, each one line of the answer: simple
     statements whole, compound ones by their header (the `for` target and iterable, the `if` test)."""
-    region = re.search(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", solution_source, re.S).group(1)
-    tree = ast.parse(textwrap.dedent(region))
     out = []
-    for node in ast.walk(tree):
+    for node in (n for region in _regions(solution_source) for n in ast.walk(ast.parse(textwrap.dedent(region)))):
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.Expr)):
             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
                 continue  # a docstring or a bare string
@@ -222,8 +225,7 @@ def test_words_shapes_and_one_expression_pass():
 # ------------------------------------------------------------------------- depth, and time shown honestly
 
 def _logical_lines(solution_source: str) -> int:
-    region = re.search(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", solution_source, re.S).group(1)
-    return sum(1 for node in ast.walk(ast.parse(textwrap.dedent(region)))
+    return sum(1 for region in _regions(solution_source) for node in ast.walk(ast.parse(textwrap.dedent(region)))
                if isinstance(node, ast.stmt) and not isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.Pass))
                and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)))
 

@@ -177,6 +177,56 @@ def self_attention(x, w_q, w_k, w_v, mask=None):
     return scaled_dot_product_attention(q, k, v, mask=mask)
 
 
+def real_tokens(lengths: torch.Tensor, seq: int) -> torch.Tensor:
+    """Which positions of a padded batch hold real tokens: [batch, seq] bool, True = real.
+
+    lengths: int [batch], sentence b's tokens are positions 0 .. lengths[b] - 1, the rest of its
+    row is padding.
+    """
+    if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1 or lengths.is_floating_point() \
+            or lengths.dtype == torch.bool:
+        got = f"shape {list(lengths.shape)}, dtype {lengths.dtype}" if isinstance(lengths, torch.Tensor) \
+            else type(lengths).__name__
+        raise TypeError(f"lengths must be an integer tensor [batch], one length per sentence; got {got}")
+    if len(lengths) and (lengths.min() < 0 or lengths.max() > seq):
+        raise ValueError(f"every length must lie in 0 .. {seq} (the padded sequence length); got {lengths.tolist()}")
+    return torch.arange(seq, device=lengths.device) < lengths[:, None]  # [batch, seq]
+
+
+class SelfAttention(nn.Module):
+    """Single-head self-attention with learned projections, for a batch of padded sentences.
+
+    W^Q, W^K and W^V are `nn.Linear` layers without bias named w_q, w_k, w_v. `nn.Linear` stores its
+    weight as [out, in] and computes x @ weight.T, so the chapter's W^Q is `w_q.weight.T`.
+
+    forward(x, lengths=None): x [batch, seq, d_model]; lengths None (no padding) or int [batch], the
+    number of real tokens at the start of each sentence. Padding is hidden as a *key* (no query
+    attends to it); a padding position still has a query, which attends over the real tokens.
+    Returns (output [batch, seq, d_v], weights [batch, seq, seq]).
+    """
+
+    def __init__(self, d_model: int, d_k: int, d_v: int | None = None):
+        super().__init__()
+        d_v = d_k if d_v is None else d_v
+        self.d_k = d_k
+        self.w_q = nn.Linear(d_model, d_k, bias=False)
+        self.w_k = nn.Linear(d_model, d_k, bias=False)
+        self.w_v = nn.Linear(d_model, d_v, bias=False)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3:
+            got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"SelfAttention expects x of shape [batch, seq, d_model], got {got}")
+        mask = None
+        if lengths is not None:
+            if len(lengths) != x.shape[0]:
+                raise ValueError(f"lengths has {len(lengths)} entries for a batch of {x.shape[0]} sentences")
+            # [batch, 1, seq]: one row of visible keys, shared by every query of the sentence
+            mask = real_tokens(lengths, x.shape[1])[:, None, :]
+        # One algorithm in the library: the matrix form, with W = weight.T.
+        return self_attention(x, self.w_q.weight.T, self.w_k.weight.T, self.w_v.weight.T, mask=mask)
+
+
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Cut the features of every position into n_heads blocks of d_k = d_model / n_heads,
     and move the heads in front of the positions: [batch, seq, d_model] -> [batch, heads, seq, d_k].

@@ -28,8 +28,8 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[2]
 CHAPTER = "02_self_attention"
 TESTS = {"project_qkv_test": 1.0, "attention_scores_test": 1.0, "softmax_test": 2.0, "scaled_attention_test": 2.0,
-         "self_attention_test": 2.0}
-ANSWERS = ["project_qkv", "attention_scores", "softmax", "scaled_attention", "self_attention"]
+         "self_attention_test": 2.0, "self_attention_layer_test": 3.0}
+ANSWERS = ["project_qkv", "attention_scores", "softmax", "scaled_attention", "self_attention", "self_attention_layer"]
 STUB = re.compile(r"^([ \t]*)# YOUR CODE HERE\n[ \t]*raise NotImplementedError\(\)[ \t]*$", re.M)
 SOLUTION = re.compile(r"^[ \t]*### BEGIN SOLUTION\n(.*?)^[ \t]*### END SOLUTION[ \t]*$", re.S | re.M)
 
@@ -44,6 +44,9 @@ WRONG = {  # honest mistakes, each one the checker's catalogue or properties sho
     "self_attention": ("q, k, v = x @ w_q, x @ w_k, x @ w_v\n"
                        "weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-2)\n"
                        "return weights @ v, weights"),
+    "self_attention_layer": ("q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)\n"  # lengths ignored: padding is seen
+                             "weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(self.d_k), dim=-1)\n"
+                             "return weights @ v, weights"),
 }
 
 
@@ -350,8 +353,9 @@ def cases(port: int, course: Path) -> list[tuple[Case, object]]:
         (Case("forbidden_api", "softmax calls torch.softmax, which the exercise forbids",
               _full(softmax_test=0), {"softmax_test": r"calls .*torch\.softmax.*forbids"}), forbidden),
         (Case("os_exit", "os._exit(0) at the end of the scaled_attention answer cell",
-              _full(scaled_attention_test=0, self_attention_test=0),
-              {"scaled_attention_test": "process ended", "self_attention_test": "process ended"}), os_exit),
+              _full(scaled_attention_test=0, self_attention_test=0, self_attention_layer_test=0),
+              {"scaled_attention_test": "process ended", "self_attention_test": "process ended",
+               "self_attention_layer_test": "process ended"}), os_exit),
         (Case("swallow_interrupts", "self_attention loops and swallows every interrupt (except BaseException: pass)",
               _full(self_attention_test=0), {"self_attention_test": "did not stop when interrupted",
                                              "*": "did not respond to the interrupt"}, slow=True), swallow),
@@ -364,8 +368,9 @@ def cases(port: int, course: Path) -> list[tuple[Case, object]]:
         (Case("malformed_int_subclass", "attention_scores returns an int subclass",
               _full(attention_scores_test=0), {"attention_scores_test": "malformed or oddly typed"}), int_subclass),
         (Case("malformed_garbage", "torch.save replaced by a writer of garbage after the scaled_attention answer",
-              _full(scaled_attention_test=0, self_attention_test=0),
-              {"scaled_attention_test": "malformed or oddly typed", "self_attention_test": "malformed or oddly typed"}),
+              _full(scaled_attention_test=0, self_attention_test=0, self_attention_layer_test=0),
+              {"scaled_attention_test": "malformed or oddly typed", "self_attention_test": "malformed or oddly typed",
+               "self_attention_layer_test": "malformed or oddly typed"}),
          garbage),
         (Case("sleep_children", "200 `sleep 3600` children holding the sandbox's pipes", _full(), quiet=True), sleepers),
         (Case("ignore_sigalrm", "SIGALRM ignored, then softmax loops forever",
@@ -384,10 +389,11 @@ def cases(port: int, course: Path) -> list[tuple[Case, object]]:
               _full(), quiet=True), lambda r, c: probe(r, c, read_secrets)),
         (Case("write_course", "writes into autograder/, solutions/, transformer_lib/ and the course root",
               _full(), quiet=True), lambda r, c: probe(r, c, write_course)),
-        (Case("zz_honest_wrong", "the release with honest mistakes in four answers",
-              _full(attention_scores_test=0, softmax_test=0, scaled_attention_test=0, self_attention_test=0),
+        (Case("zz_honest_wrong", "the release with honest mistakes in five answers",
+              _full(attention_scores_test=0, softmax_test=0, scaled_attention_test=0, self_attention_test=0,
+                    self_attention_layer_test=0),
               {"attention_scores_test": r"sqrt", "softmax_test": c_notes, "scaled_attention_test": "mask",
-               "self_attention_test": c_notes}), wrong),
+               "self_attention_test": c_notes, "self_attention_layer_test": "lengths"}), wrong),
     ]
 
 

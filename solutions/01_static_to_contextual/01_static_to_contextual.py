@@ -29,7 +29,7 @@
 # 6. seen, with a timer and with gradients, why recurrent networks (RNNs) were replaced.
 #
 # Five exercises are autograded: `cooccurrence_counts`, `ppmi`, `cosine_similarity`,
-# `contextual_vectors` and `alignment`. When an answer is wrong, the test cell tells you which common
+# `contextual_vectors` and `alignment`; together they take about 70 minutes. When an answer is wrong, the test cell tells you which common
 # mistake it looks like. After each test, one line says whether the rest of the chapter runs on
 # **your** function (once it passes) or on the library's reference (until then), so you can run the
 # whole notebook at any time; your answers carry the chapter as soon as they are right.
@@ -127,7 +127,7 @@ print("the id of 'exception':", vocab.id("exception"))
 
 # %% [markdown]
 # ### Exercise 1 — `cooccurrence_counts`
-# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
+# > **Difficulty** ●●○ · **Importance** ●●● · about 20 minutes
 #
 # Write `cooccurrence_counts(token_ids, vocab_size, window)`.
 #
@@ -142,13 +142,16 @@ print("the id of 'exception':", vocab.id("exception"))
 # <details><summary>Hint 1 — the idea</summary>Every pair of positions at distance 1 to <code>window</code> adds 1 to one
 # entry of the matrix: the row of the word at one position, the column of the word at the other. Visit each
 # pair from both ends and the matrix comes out symmetric by itself.</details>
-# <details><summary>Hint 2 — the plan</summary>Start from a <code>[vocab_size, vocab_size]</code> float32 tensor of zeros. The simplest
-# plan is two loops: positions <code>i</code>, then <code>j</code> from <code>i - window</code> to <code>i + window</code>, skipping
-# <code>j == i</code> and the <code>j</code> outside the text. A faster plan loops over the offset <code>d = 1..window</code> only:
-# <code>token_ids[:-d]</code> and <code>token_ids[d:]</code> are all the pairs at distance <code>d</code> (each <code>[n - d]</code>).
-# Careful: <code>counts[a, b] += 1</code> with index <em>tensors</em> counts a repeated pair once;
-# <code>index_put_(..., accumulate=True)</code> adds them up. (A plain double loop takes several seconds on the whole help
-# text below; the offset loop a few milliseconds.)</details>
+# <details><summary>Hint 2 — the plan</summary>Start from a <code>[vocab_size, vocab_size]</code> float32 matrix of zeros. The
+# simplest plan is two nested loops: every position, then every neighbour within <code>window</code> on either side,
+# skipping the position itself and the neighbours that fall outside the text; it takes several seconds on the whole
+# help text below. The fast plan loops over the distance d = 1, 2, …, <code>window</code> only: the text without its last d
+# ids and the text without its first d ids, lined up, are all the pairs at distance d, two id tensors of shape
+# <code>[n - d]</code>; add 1 for each pair, once in each direction. Careful: adding 1 at positions given by index
+# <em>tensors</em> with ordinary indexing counts a pair that occurs several times only once. The tensor method
+# <code>index_put_</code>, with its <code>accumulate</code> option on, adds every occurrence.</details>
+# <details><summary>Hint 3 — one key expression</summary>Every pair at distance d, seen from its left end, repeats included:
+# <code>counts.index_put_((left, right), ones, accumulate=True)</code>, where <code>ones</code> holds one 1 per pair.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "cooccurrence_counts", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def cooccurrence_counts(token_ids: torch.Tensor, vocab_size: int, window: int) -> torch.Tensor:
@@ -228,7 +231,7 @@ for word in ["exception", "true"]:
 
 # %% [markdown]
 # ### Exercise 2 — `ppmi`
-# > **Difficulty** ●●○ · **Importance** ●●○ · about 15 minutes
+# > **Difficulty** ●●○ · **Importance** ●●○ · about 20 minutes
 #
 # Write `ppmi(counts)`.
 #
@@ -242,12 +245,15 @@ for word in ["exception", "true"]:
 # $\mathrm{PPMI}_{00} = \log(2 \cdot 4 / (2 \cdot 2)) = \log 2 \approx 0.6931$ and the off-diagonal entries are 0.
 #
 # <details><summary>Hint 1 — the idea</summary>Three sums and broadcasting: the total $N$ is one number, the row sums
-# form a column <code>[V, 1]</code> and the column sums a row <code>[1, C]</code>, so <code>row * col</code> is <code>[V, C]</code> and
-# gives every entry its pair of sums. The only difficulty is the zeros.</details>
-# <details><summary>Hint 2 — the plan</summary>(1) <code>row = counts.sum(dim=1, keepdim=True)</code>, and the same for the columns
-# with <code>dim=0</code>. (2) Build the ratio inside the log, but where <code>counts == 0</code> put 1 instead
-# (<code>torch.where</code>), <em>before</em> taking the log: log 1 = 0, and no 0/0 or log 0 ever happens. (3) Clip the
-# result below at 0.</details>
+# form a column <code>[V, 1]</code> and the column sums a row <code>[1, C]</code>, so their product is <code>[V, C]</code> and
+# hands every entry its pair of sums. The only difficulty is the zeros: never let a log or a division see them.</details>
+# <details><summary>Hint 2 — the plan</summary>(1) The total, the row sums and the column sums, each reduction keeping the
+# dimension it sums over so that the results broadcast. (2) The ratio inside the log, but wherever the count is 0 put 1
+# instead, <em>before</em> the log: log 1 = 0. The expected count (row sum times column sum) is 0 only where the count is 0
+# as well; guard that division too, or the zeros turn into NaN. (3) Keep the positive part: clip the log below at 0.
+# Picking between two tensors entry by entry is what <code>torch.where</code> does.</details>
+# <details><summary>Hint 3 — one key expression</summary>The ratio, 1 wherever a count is 0:
+# <code>torch.where(counts > 0, counts * total / expected, 1.0)</code> (and keep the division itself from seeing a 0).</details>
 
 # %% nbgrader={"grade": false, "grade_id": "ppmi", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def ppmi(counts: torch.Tensor) -> torch.Tensor:
@@ -330,10 +336,13 @@ print("the vector of 'list' starts with", vectors[vocab.id("list"), :5])
 #
 # <details><summary>Hint 1 — the idea</summary>Normalise first: once every row has length 1, the cosine is just the dot
 # product, and all $N \times M$ dot products are one matrix product.</details>
-# <details><summary>Hint 2 — the plan</summary>Divide each row by its length, <code>a.norm(dim=-1, keepdim=True)</code> (shape
-# <code>[..., N, 1]</code>, clamped to at least <code>1e-8</code>); the same for <code>b</code>. Then multiply
-# <code>[..., N, d]</code> by <code>b</code>'s unit rows with their last two dimensions swapped, <code>[..., d, M]</code>: use
-# <code>.transpose(-2, -1)</code>, because <code>.T</code> would also reverse the batch dimensions.</details>
+# <details><summary>Hint 2 — the plan</summary>Divide each row of <code>a</code> by its length: the norm over the last dimension,
+# kept as a column <code>[..., N, 1]</code> and clamped to at least <code>1e-8</code> so a zero row gives 0, not NaN. The same
+# for <code>b</code>. Then multiply the unit rows of <code>a</code>, <code>[..., N, d]</code>, by those of <code>b</code> with only
+# their last two dimensions swapped, <code>[..., d, M]</code> (the <code>.T</code> attribute would also reverse the batch
+# dimensions).</details>
+# <details><summary>Hint 3 — one key expression</summary>The length of every row of <code>a</code>, as a column:
+# <code>a.norm(dim=-1, keepdim=True)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "cosine_similarity", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def cosine_similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -522,7 +531,7 @@ plt.show()
 
 # %% [markdown]
 # ### Exercise 4 — `contextual_vectors`
-# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
+# > **Difficulty** ●○○ · **Importance** ●●● · about 10 minutes
 #
 # Write `contextual_vectors(vectors, sharpness)`: every word of a sentence takes in the static vectors of
 # the sentence, weighted by attention.
@@ -541,11 +550,14 @@ plt.show()
 # `0.4223·[1, 0] + 0.1554·[0, 1] + 0.4223·[1, 0] = [0.8446, 0.1554]`. The whole answer is
 # `[[0.8446, 0.1554], [0.4239, 0.5761], [0.8446, 0.1554]]`.
 #
-# <details><summary>Hint 1 — the idea</summary>Three steps, each a line: the cosines of the sentence with itself, a softmax
-# that turns each word's row of scores into weights, and a matrix product that mixes the vectors.</details>
-# <details><summary>Hint 2 — the plan</summary>Scores: $s$ times the cosines of <code>vectors</code> with <code>vectors</code>,
-# shape <code>[..., L, L]</code> (row $i$: how similar word $i$ is to each word). Weights: softmax over the last dimension, so
-# each row sums to 1. Output: the weights <code>[..., L, L]</code> times the static vectors <code>[..., L, d]</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>Three steps: how similar every word is to every word of its sentence, a
+# softmax that turns each word's row of similarities into weights, and a weighted average of the static vectors with
+# those weights.</details>
+# <details><summary>Hint 2 — the plan</summary>Scores: $s$ times the cosines of the sentence with itself, shape
+# <code>[..., L, L]</code> (row $i$: how similar word $i$ is to each word). Weights: a softmax over the last dimension, so each
+# row sums to 1. Output: the weights <code>[..., L, L]</code> times the static vectors <code>[..., L, d]</code>, which is
+# <code>[..., L, d]</code>.</details>
+# <details><summary>Hint 3 — one key expression</summary>The scores: <code>sharpness * cosine_similarity_impl(vectors, vectors)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "contextual_vectors", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def contextual_vectors(vectors: torch.Tensor, sharpness: float) -> torch.Tensor:
@@ -691,7 +703,7 @@ plt.show()
 
 # %% [markdown]
 # ### Exercise 5 — `alignment`
-# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
+# > **Difficulty** ●○○ · **Importance** ●●● · about 10 minutes
 #
 # Write `alignment(decoder_states, encoder_states)` returning the tuple `(context, weights)`.
 #
@@ -710,9 +722,12 @@ plt.show()
 # <details><summary>Hint 1 — the idea</summary>The same three steps as in exercise 4, now between two sentences: scores
 # of every target position against every source position, a softmax per target position, a weighted sum of
 # the encoder states.</details>
-# <details><summary>Hint 2 — the plan</summary>All scores at once: <code>decoder_states @ encoder_states.transpose(-2, -1)</code>,
-# shape <code>[..., T, S]</code>. The softmax runs over the source positions, the last dimension. Then <code>[..., T, S]</code> times
-# <code>[..., S, d]</code> gives the contexts <code>[..., T, d]</code>; return them first, the weights second.</details>
+# <details><summary>Hint 2 — the plan</summary>Scores <code>[..., T, S]</code>: every decoder state against every encoder state,
+# one matrix product with the encoder states' last two dimensions swapped. Weights: a softmax over the source positions,
+# the last dimension, stabilised by each row's maximum. Contexts: the weights <code>[..., T, S]</code> times the encoder
+# states <code>[..., S, d]</code>, which is <code>[..., T, d]</code>. Return the contexts first, the weights second.</details>
+# <details><summary>Hint 3 — one key expression</summary>All the scores at once:
+# <code>decoder_states @ encoder_states.transpose(-2, -1)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "alignment", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def alignment(decoder_states: torch.Tensor, encoder_states: torch.Tensor):

@@ -26,10 +26,11 @@
 # 7. **The matrix form** — the whole sentence in three matrix products.
 # 8. **Permutation equivariance** — what attention does *not* know about word order.
 # 9. **An attention heatmap** of a small sentence.
+# 10. **A self-attention layer** that owns its $W^Q, W^K, W^V$ and reads a batch of sentences of different lengths.
 #
-# Five exercises are autograded: `project_qkv`, `attention_scores`, `softmax`, `scaled_attention`
-# and `self_attention`. Each test cell tells you, when your answer is wrong, which common mistake it
-# looks like.
+# Six exercises are autograded: `project_qkv`, `attention_scores`, `softmax`, `scaled_attention`,
+# `self_attention` and the layer `SelfAttention`. The exercises take about 85 minutes in all. Each test cell
+# tells you, when your answer is wrong, which common mistake it looks like.
 #
 # The whole computation fits in one line, the equation of *Attention Is All You Need* (Vaswani et al., 2017):
 #
@@ -46,6 +47,7 @@ import math
 
 import matplotlib.pyplot as plt
 import torch
+import torch.nn as nn
 
 from transformer_lib.checks import exercise_summary, yours_or_reference
 from transformer_lib.checks.ch02 import (
@@ -53,6 +55,7 @@ from transformer_lib.checks.ch02 import (
     check_project_qkv,
     check_scaled_attention,
     check_self_attention,
+    check_self_attention_layer,
     check_softmax,
 )
 from transformer_lib.claims import claim
@@ -109,8 +112,9 @@ plt.show()
 # Worked example: with the toy matrices of section 6, the first token $x_1 = [1, 0, 1, 0]$ gets the query
 # $x_1 W^Q = [1, 0, 2]$.
 #
-# <details><summary>Hint 1 — the idea</summary>Each role is one matrix product of the same input. The <code>@</code> operator multiplies the last two dimensions and broadcasts the rest, so batch dimensions take care of themselves.</details>
-# <details><summary>Hint 2 — the plan</summary>Three products, one per matrix, each <code>[..., seq, d_model] @ [d_model, d_out]</code> → <code>[..., seq, d_out]</code>. The first is <code>q = x @ w_q</code>; return the tuple in the order queries, keys, values.</details>
+# <details><summary>Hint 1 — the idea</summary>Each role is one matrix product of the same input with its own matrix. PyTorch's matrix product multiplies the last two dimensions and broadcasts the leading ones, so batch dimensions take care of themselves.</details>
+# <details><summary>Hint 2 — the plan</summary>Three products, one per matrix: <code>[..., seq, d_model]</code> times <code>[d_model, d_k]</code> gives <code>[..., seq, d_k]</code> (and <code>d_v</code> columns for the values). Return the three results as one tuple, in the order queries, keys, values.</details>
+# <details><summary>Hint 3 — one key expression</summary>The queries: <code>x @ w_q</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "project_qkv", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def project_qkv(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor):
@@ -263,7 +267,7 @@ print(f"softmax([112, 96]) = [{raw_weights[0]:.7f}, {raw_weights[1]:.2e}]   (no 
 
 # %% [markdown]
 # ### Exercise 2 — `attention_scores`
-# > **Difficulty** ●○○ · **Importance** ●●● · about 5 minutes
+# > **Difficulty** ●○○ · **Importance** ●●● · about 10 minutes
 #
 # Write `attention_scores(q, k)` returning the scaled scores $Q K^\top / \sqrt{d_k}$.
 #
@@ -273,8 +277,9 @@ print(f"softmax([112, 96]) = [{raw_weights[0]:.7f}, {raw_weights[1]:.2e}]   (no 
 # Worked example: the *Thinking Machines* query and keys above, `q1[None]` of shape `[1, 64]` and
 # `torch.stack([k1, k2])` of shape `[2, 64]`, give `[[14., 12.]]` (that is, 112/8 and 96/8).
 #
-# <details><summary>Hint 1 — the idea</summary>All the dot products at once are one matrix product of the queries with the keys turned on their side, then one division. <code>d_k</code> is the last dimension of <code>q</code>.</details>
-# <details><summary>Hint 2 — the plan</summary>Shapes: <code>[..., L_q, d_k] @ [..., d_k, L_k]</code> → <code>[..., L_q, L_k]</code>. <code>k.transpose(-2, -1)</code> turns the keys into <code>[..., d_k, L_k]</code> and leaves the batch dimensions where they are; then divide by <code>math.sqrt</code> of the right size.</details>
+# <details><summary>Hint 1 — the idea</summary>All the dot products at once are one matrix product: the queries times the keys turned on their side. Then one division by $\sqrt{d_k}$, where $d_k$ is the size of one query vector.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: <code>[..., L_q, d_k]</code> times <code>[..., d_k, L_k]</code> gives <code>[..., L_q, L_k]</code>. Turning the keys on their side means swapping only their last two dimensions; the batch dimensions stay where they are (the <code>.T</code> attribute would reverse them all). $d_k$ is the last entry of <code>q.shape</code>, and the square root comes from the <code>math</code> module.</details>
+# <details><summary>Hint 3 — one key expression</summary>The keys, turned on their side: <code>k.transpose(-2, -1)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "attention_scores", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -337,7 +342,7 @@ print("literal softmax    :", naive)
 
 # %% [markdown]
 # ### Exercise 3 — `softmax`
-# > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
+# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
 #
 # Write a numerically stable `softmax(x)` over the **last** dimension.
 #
@@ -351,8 +356,9 @@ print("literal softmax    :", naive)
 # Don't call `torch.softmax`, `torch.nn.functional.softmax` or any other PyTorch softmax: the point is to write
 # it, and the grader gives an answer that calls one 0 points for this exercise.
 #
-# <details><summary>Hint 1 — the idea</summary>Shift each row by its own maximum, exponentiate, divide by the row's total. Every reduction is over the last dimension only, never over the whole tensor or <code>dim=0</code>.</details>
-# <details><summary>Hint 2 — the plan</summary>Three steps, shapes <code>[..., n]</code> throughout; the max and the sum are <code>[..., 1]</code> thanks to <code>keepdim=True</code>, so they broadcast back against <code>x</code>. The first line: <code>shifted = x - x.amax(dim=-1, keepdim=True)</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>Softmax does not change when the same number is subtracted from every score of a row (it cancels in the ratio). Subtract the row's own largest score: then every exponential is at most 1 and nothing overflows. Every maximum and every sum runs over the last dimension, one row at a time, never over the whole tensor or the first dimension.</details>
+# <details><summary>Hint 2 — the plan</summary>Three steps, all of shape <code>[..., n]</code>: shift each row by its maximum, exponentiate, divide by the row's total. A row's maximum and total have shape <code>[..., 1]</code> when the reduction keeps the reduced dimension (the <code>keepdim</code> option of <code>amax</code> and <code>sum</code>), so they broadcast back against the row.</details>
+# <details><summary>Hint 3 — one key expression</summary>The shift: <code>x - x.amax(dim=-1, keepdim=True)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "softmax", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def softmax(x: torch.Tensor) -> torch.Tensor:
@@ -433,7 +439,7 @@ print("zeroed after softmax :", after, " row sum", f"{after.sum():.4f}")
 
 # %% [markdown]
 # ### Exercise 4 — `scaled_attention`
-# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
+# > **Difficulty** ●●○ · **Importance** ●●● · about 20 minutes
 #
 # Write `scaled_attention(q, k, v, mask=None)`: scaled dot-product attention, returning the tuple
 # `(output, weights)`.
@@ -451,8 +457,9 @@ print("zeroed after softmax :", after, " row sum", f"{after.sum():.4f}")
 # You may use your `softmax` and `attention_scores`, or `torch.softmax`. The tests include scores in the hundreds,
 # so the softmax must be the stable kind.
 #
-# <details><summary>Hint 1 — the idea</summary>Scaled scores, then hide the masked keys <em>in the scores</em>, then a softmax over the keys (<code>dim=-1</code>), then mix the values with the weights.</details>
-# <details><summary>Hint 2 — the plan</summary>Shapes: scores <code>[..., L_q, L_k]</code> → masked scores (same shape) → weights (same shape, rows sum to 1) → <code>weights @ v</code> <code>[..., L_q, d_v]</code>. Only when a mask is given: <code>scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)</code> (<code>float("-inf")</code> works too, as long as every row keeps a visible key).</details>
+# <details><summary>Hint 1 — the idea</summary>Four steps: the scaled scores of exercise 2; then hide the keys the mask forbids <em>in the scores</em>, by giving them a hugely negative score; then a softmax over the keys; then the weighted sum of the values. Hiding before the softmax is what makes a hidden key get exactly 0 weight while the visible weights still sum to 1.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: scores <code>[..., L_q, L_k]</code> → masked scores, the same shape (only when a mask is given: where the mask is False, the score becomes the most negative number the dtype can hold, or minus infinity) → weights, the same shape, softmax over the last dimension → weights times <code>v</code> <code>[..., L_k, d_v]</code> gives the output <code>[..., L_q, d_v]</code>. Return the output and the weights.</details>
+# <details><summary>Hint 3 — one key expression</summary>Hiding what the mask forbids: <code>scores.masked_fill(~mask, torch.finfo(scores.dtype).min)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "scaled_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def scaled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None):
@@ -463,12 +470,14 @@ def scaled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     Returns (output [..., L_q, d_v], weights [..., L_q, L_k]).
     """
     ### BEGIN SOLUTION
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [..., L_q, L_k]
+    d_k = q.shape[-1]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # [..., L_q, L_k]
     if mask is not None:
         # before the softmax, so the visible weights still sum to one
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     weights = torch.softmax(scores, dim=-1)  # [..., L_q, L_k]
-    return weights @ v, weights  # [..., L_q, d_v], [..., L_q, L_k]
+    output = weights @ v  # [..., L_q, d_v]
+    return output, weights
     ### END SOLUTION
 
 
@@ -578,8 +587,9 @@ print("scaled output of token 1 :", [f"{z:.2f}" for z in out_scaled[0].tolist()]
 # Write it with matrix products, without a Python loop over tokens. You may use your earlier functions or
 # write the steps out.
 #
-# <details><summary>Hint 1 — the idea</summary>Project, score, softmax, mix: the four steps of sections 1 to 5, on whole matrices. <code>d_k</code> is the number of columns of <code>w_q</code>, not the embedding size.</details>
-# <details><summary>Hint 2 — the plan</summary>Shapes: <code>x</code> <code>[..., seq, d_model]</code> → <code>q</code>, <code>k</code> <code>[..., seq, d_k]</code> and <code>v</code> <code>[..., seq, d_v]</code> → scores <code>[..., seq, seq]</code> → weights, softmax over the last dimension → output <code>[..., seq, d_v]</code>. Return the output and the weights, in that order.</details>
+# <details><summary>Hint 1 — the idea</summary>Project, score, softmax, mix: the four steps of sections 1 to 5, on whole matrices, with no loop over the tokens. The scale uses $d_k$, the number of columns of $W^Q$, not the embedding size $d_{model}$.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: <code>x</code> <code>[..., seq, d_model]</code> → queries and keys <code>[..., seq, d_k]</code>, values <code>[..., seq, d_v]</code> → scaled scores <code>[..., seq, seq]</code> → weights, a softmax over the last dimension (the keys) → output <code>[..., seq, d_v]</code>. Each step is one of your earlier functions; return the output and the weights, in that order.</details>
+# <details><summary>Hint 3 — one key expression</summary>The scaled scores of all the tokens at once: <code>q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "self_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def self_attention(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor):
@@ -672,11 +682,19 @@ lexicon = {  # word -> its features (all 1 unless given)
     "cross": {"verb": 1}, "street": {"noun": 1, "place": 1}, "because": {"function": 1},
     "it": {"pronoun": 1}, "was": {"verb": 0.5, "function": 0.5}, "tired": {"state": 1},
 }
+
+
+def sentence_vectors(words: list[str]) -> torch.Tensor:
+    """The hand-made feature vectors of a sentence: [seq, d_model]."""
+    x = torch.zeros(len(words), len(features))
+    for i, word in enumerate(words):
+        for f, value in lexicon[word].items():
+            x[i, column[f]] = value
+    return x
+
+
 tokens = "the animal didn't cross the street because it was tired".split()
-x_sent = torch.zeros(len(tokens), len(features))  # [seq, d_model]
-for i, word in enumerate(tokens):
-    for f, value in lexicon[word].items():
-        x_sent[i, column[f]] = value
+x_sent = sentence_vectors(tokens)  # [seq, d_model]
 
 # What each feature asks for (rows of W^Q): a query is the sum of the wishes of its token's features.
 w_q_sent = torch.zeros(len(features), len(features))
@@ -719,6 +737,152 @@ print("row of 'it':", {t: round(w, 2) for t, w in zip(tokens, A_sent[it].tolist(
 # even in "… because it was too **wide**". In a trained Transformer, the layers below have already mixed
 # context into each token's vector, which is how the same pronoun can end up pointing at *street* instead.
 
+
+# %% [markdown]
+# ## 10. A self-attention layer, for a batch of sentences
+#
+# So far $W^Q$, $W^K$ and $W^V$ were tensors we handed to a function. In a model they are **parameters**,
+# numbers that training adjusts, and a layer owns them. PyTorch's way to own parameters is an `nn.Module`, and its
+# standard container for a weight matrix is `nn.Linear`. Two facts about `nn.Linear(d_in, d_out, bias=False)`:
+# calling it on `x` computes `x @ weight.T`, and its `weight` is stored as `[d_out, d_in]`. So a layer `w_q` holds
+# our $W^Q$ transposed: $W^Q$ is `w_q.weight.T`, and `w_q(x)` is $XW^Q$.
+#
+# A model also reads many sentences at once, and a batch is one rectangular tensor `[batch, seq, d_model]`.
+# Sentences shorter than the longest one are filled up at the end with **padding** positions, and a tensor
+# `lengths` says how many positions of each sentence are real: sentence $b$ holds its tokens at positions
+# $0, \dots, \text{lengths}[b] - 1$. Padding means nothing, so no real token may attend to it. Otherwise a word's
+# vector would depend on how long the *other* sentences of its batch happen to be, and the same sentence would
+# come out differently in a different batch.
+#
+# So padding is hidden as a **key**: its column of the scores, in every row. A padding position still has a
+# query, and its row is computed like any other, over the real tokens of its sentence; nothing downstream uses
+# it. The mask of section 5 does the hiding, once you know which keys are real.
+
+# %% [markdown]
+# ### Exercise 6 — `SelfAttention`
+# > **Difficulty** ●●● · **Importance** ●●● · about 25 minutes
+#
+# The class below is an `nn.Module` whose constructor is written for you: it creates the layers `w_q` and `w_k`,
+# each `nn.Linear(d_model, d_k, bias=False)`, and `w_v`, `nn.Linear(d_model, d_v, bias=False)`, and keeps `d_k`.
+# Write its `forward(x, lengths=None)`.
+#
+# * `x`: `[batch, seq, d_model]`, a batch of sentences padded to the same length `seq`.
+# * `lengths`: `None` (no padding), or an integer tensor `[batch]`: sentence `b`'s real tokens are its first
+#   `lengths[b]` positions (every length is at least 1).
+# * returns `(output, weights)`, with `output` `[batch, seq, d_v]` and `weights` `[batch, seq, seq]`: the scaled
+#   dot-product attention of every position over the real tokens of its own sentence. Every row of the
+#   weights sums to 1 and gives exactly 0 to the padding.
+#
+# Worked example: for `x` of shape `[2, 10, 7]` and `lengths = torch.tensor([10, 4])`, the columns 4 to 9 of
+# sentence 1's weights are 0, and the first four rows of its output equal what the layer gives for that
+# sentence alone, a batch of one of shape `[1, 4, 7]` with no lengths. The cells after the test check both
+# on two sentences of section 9.
+#
+# You may call your earlier functions (yours, or the library's until yours pass) or write the steps out. The
+# decisions are yours: which positions are real, which axis of the scores the padding hides, and what to
+# divide the scores by.
+#
+# <details><summary>Hint 1 — the idea</summary>The four steps of <code>self_attention</code>, with the layers doing the projections, plus the padding. A position is real when its number is smaller than its sentence's length. A padding token must never be attended <em>to</em>, so it is hidden as a key: its column of the scores, in every row of its sentence. Its own row stays as it is.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: queries and keys <code>[batch, seq, d_k]</code>, values <code>[batch, seq, d_v]</code> → scores <code>[batch, seq, seq]</code>, divided by $\sqrt{d_k}$ (the layer keeps <code>d_k</code>). The positions 0 … seq − 1 as a row <code>[1, seq]</code>, compared with the lengths as a column <code>[batch, 1]</code>, give a boolean <code>[batch, seq]</code> that is True for the real tokens. With a middle axis of size 1 it becomes <code>[batch, 1, seq]</code>: one row of visible keys that every query of the sentence shares. Then hide, softmax and mix exactly as in exercise 4, and return the output and the weights.</details>
+# <details><summary>Hint 3 — one key expression</summary>Which positions are real: <code>torch.arange(x.shape[1]) &lt; lengths[:, None]</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "self_attention_layer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+class SelfAttention(nn.Module):
+    """Single-head self-attention with learned W^Q, W^K, W^V, for a batch of padded sentences."""
+
+    def __init__(self, d_model: int, d_k: int, d_v: int | None = None):
+        super().__init__()
+        d_v = d_k if d_v is None else d_v
+        self.d_k = d_k
+        self.w_q = nn.Linear(d_model, d_k, bias=False)  # w_q(x) is x W^Q: the layer stores W^Q transposed
+        self.w_k = nn.Linear(d_model, d_k, bias=False)
+        self.w_v = nn.Linear(d_model, d_v, bias=False)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None):
+        """x: [batch, seq, d_model]; lengths: None, or int [batch], the number of real tokens of each sentence.
+
+        Returns (output [batch, seq, d_v], weights [batch, seq, seq]); no position gives weight to padding.
+        """
+        ### BEGIN SOLUTION
+        q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)  # [batch, seq, d_k], [batch, seq, d_k], [batch, seq, d_v]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # [batch, seq, seq]
+        if lengths is not None:
+            real = torch.arange(x.shape[1]) < lengths[:, None]  # [batch, seq]: True = a real token
+            # [batch, 1, seq]: hide the padded *keys*, the same columns for every query
+            scores = scores.masked_fill(~real[:, None, :], torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=-1)  # [batch, seq, seq]
+        return weights @ v, weights  # [batch, seq, d_v], [batch, seq, seq]
+        ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "self_attention_layer_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_self_attention_layer(SelfAttention)
+### BEGIN HIDDEN TESTS
+check_self_attention_layer(SelfAttention, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+SelfAttention_impl = yours_or_reference(SelfAttention, check_self_attention_layer)
+
+# %% [markdown]
+# Now the layer on the chapter's running example. We copy section 9's hand-made matrices into a fresh layer
+# (transposed, the way `nn.Linear` stores them) and read the animal sentence together with a shorter one,
+# *the animal was tired*, as one batch padded to the longer length. The padding positions hold zero vectors
+# here; any vector would do, since no real token can see them.
+
+# %%
+layer = SelfAttention_impl(len(features), len(features))  # d_model = d_k = d_v = 7
+with torch.no_grad():
+    for linear, w in ((layer.w_q, w_q_sent), (layer.w_k, w_k_sent), (layer.w_v, w_v_sent)):
+        linear.weight.copy_(w.T)  # nn.Linear keeps W^T: [d_out, d_in]
+print("parameters of the layer:", sum(p.numel() for p in layer.parameters()), "= 3 matrices of 7 x 7")
+
+short = "the animal was tired".split()
+batch = torch.zeros(2, len(tokens), len(features))  # [batch, seq, d_model], zeros = padding
+batch[0] = x_sent
+batch[1, : len(short)] = sentence_vectors(short)
+lengths = torch.tensor([len(tokens), len(short)])
+
+with torch.no_grad():
+    Z_batch, A_batch = layer(batch, lengths)  # [2, 10, 7], [2, 10, 10]
+    Z_alone, A_alone = layer(batch[1:, : len(short)])  # the short sentence on its own, [1, 4, 7]
+    Z_seen, A_seen = layer(batch)  # the same batch with the lengths forgotten
+
+n = len(short)
+print("sentence 0 gets section 9's weights:", torch.allclose(A_batch[0], A_sent, atol=1e-6))
+print(f"weight the {n} real tokens of sentence 1 give to padding: with lengths "
+      f"{A_batch[1, :n, n:].sum():.3f}, without {A_seen[1, :n, n:].sum():.3f}")
+alone_error = (Z_batch[1, :n] - Z_alone[0]).abs().max().item()
+seen_error = (Z_seen[1, :n] - Z_alone[0]).abs().max().item()
+claim(alone_error < 1e-6, "with the lengths, the short sentence's real tokens get the same outputs in the batch as "
+      "alone (to 1e-6)", measured=f"{alone_error:.1e}")
+print(f"without the lengths, their outputs move by up to {seen_error:.2f}")
+
+# %% [markdown]
+# With the lengths, the real tokens of *the animal was tired* get exactly the vectors they get alone: padding
+# the batch changed nothing. Without them, the zero vectors of the padding soak up attention: *the* has a zero
+# query, so its scores are all equal and its weight spreads evenly over all ten positions, six of them
+# padding. The two grids of the short sentence show it; the top-left 4 × 4 block is the sentence itself:
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), layout="constrained")
+labels = short + ["pad"] * (len(tokens) - n)
+for ax, weights, title in ((axes[0], A_batch[1], "with lengths: padding hidden as keys"),
+                           (axes[1], A_seen[1], "without lengths: padding attended to")):
+    im = ax.imshow(weights, cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_xlabel("key (attended to)")
+    ax.set_title(title, fontsize=10)
+axes[0].set_ylabel("query (attending)")
+fig.colorbar(im, ax=axes, fraction=0.025)
+plt.show()
+
+# %% [markdown]
+# On the left, the padding columns are empty: no one attends to padding. The padding *rows* still attend to the
+# four real tokens, as the exercise asked; their outputs are computed and simply never used. This layer, with
+# its three learned matrices and a mask, is the single head that chapter 03 multiplies.
+
 # %% [markdown]
 # ## Summary
 #
@@ -734,6 +898,8 @@ print("row of 'it':", {t: round(w, 2) for t, w in zip(tokens, A_sent[it].tolist(
 # * Karim's toy output $[2.0, 7.0, 1.5]$ uses weights rounded to 0.0/0.5/0.5 and no scale; the exact
 #   unscaled output is $\approx [1.94, 6.68, 1.60]$.
 # * Self-attention is **permutation equivariant**: it sees a set of tokens, not a sequence.
+# * A **self-attention layer** owns $W^Q, W^K, W^V$ as `nn.Linear` layers (which store them transposed). In a
+#   padded batch, padding is hidden as **keys**, so a sentence gets the same vectors in any batch.
 #
 # ## What's next
 #
@@ -744,11 +910,12 @@ print("row of 'it':", {t: round(w, 2) for t, w in zip(tokens, A_sent[it].tolist(
 # %% [markdown]
 # ## Where you stand
 #
-# The five exercises of this chapter, and whether their last check passed. An exercise that doesn't pass yet
+# The six exercises of this chapter, and whether their last check passed. An exercise that doesn't pass yet
 # has its one-line diagnosis here; fix it, run its test cell again, then run this cell.
 
 # %%
-exercise_summary(check_project_qkv, check_attention_scores, check_softmax, check_scaled_attention, check_self_attention)
+exercise_summary(check_project_qkv, check_attention_scores, check_softmax, check_scaled_attention, check_self_attention,
+                 check_self_attention_layer)
 
 # %% [markdown]
 # ## Glossary · 术语表
@@ -770,3 +937,6 @@ exercise_summary(check_project_qkv, check_attention_scores, check_softmax, check
 # | mask | 掩码 | boolean tensor, `True` = may attend; applied to the scores before softmax |
 # | permutation equivariance | 置换等变性 | permuting the input tokens permutes the outputs the same way |
 # | attention heatmap | 注意力热力图 | picture of the weight matrix, queries on rows, keys on columns |
+# | parameter | 参数 | a number training adjusts; a layer (`nn.Module`) owns its parameters, e.g. in `nn.Linear` |
+# | padding | 填充 | filler positions that make the sentences of a batch equally long; never attended to |
+# | sequence length (lengths) | 序列长度 | how many positions of a padded sentence hold real tokens |

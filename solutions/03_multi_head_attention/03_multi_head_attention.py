@@ -28,8 +28,9 @@
 #    head looks and how sharply, and switch heads off one at a time.
 #
 # Six exercises are autograded: `split_heads`, `merge_heads`, `multi_head_attention_forward`,
-# `count_mha_parameters`, the module `MultiHeadAttentionLayer` and `attention_entropy`. Each one is then used
-# by the rest of the chapter: yours when it passes its check, the library's otherwise.
+# `count_mha_parameters`, the module `MultiHeadAttentionLayer` and `attention_entropy`; together they take about
+# 85 minutes. Each one is then used by the rest of the chapter: yours when it passes its check, the library's
+# otherwise.
 #
 # The equation of *Attention Is All You Need* (Vaswani et al., 2017, section 3.2.2) that we are heading for:
 #
@@ -193,7 +194,7 @@ plt.show()
 # the shape is right — which is what makes this bug so easy to write.
 #
 # ### Exercise 1 — `split_heads`
-# > **Difficulty** ●○○ · **Importance** ●●● · about 5 minutes
+# > **Difficulty** ●○○ · **Importance** ●●● · about 10 minutes
 #
 # Write `split_heads(x, n_heads)`.
 #
@@ -204,9 +205,10 @@ plt.show()
 # Worked example: `x = torch.arange(12.).reshape(1, 2, 6)` and `n_heads = 3` give shape `[1, 3, 2, 2]`,
 # with head 0 `[[0, 1], [6, 7]]`, head 1 `[[2, 3], [8, 9]]`, head 2 `[[4, 5], [10, 11]]`.
 #
-# <details><summary>Hint 1 — the idea</summary>Two moves: cut the last dimension into <code>(n_heads, d_k)</code>, then swap the positions and the heads.</details>
-# <details><summary>Hint 2 — the plan</summary>Shapes: <code>[batch, seq, d_model]</code> → (view) → <code>[batch, seq, n_heads, d_k]</code> → (transpose) → <code>[batch, n_heads, seq, d_k]</code>.
-# Start with <code>batch, seq, d_model = x.shape</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>Two moves: cut the feature axis of every position into <code>n_heads</code> blocks of <code>d_k</code> features, then swap the positions axis and the heads axis, so that each head holds its block for every position.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: <code>[batch, seq, d_model]</code> → (a view: the same numbers, the last axis cut in two) → <code>[batch, seq, n_heads, d_k]</code> → (a transpose of axes 1 and 2) → <code>[batch, n_heads, seq, d_k]</code>.
+# The three sizes come from <code>x.shape</code>; <code>d_k</code> is <code>d_model</code> divided by <code>n_heads</code>, as an integer. Cutting straight to <code>[batch, n_heads, seq, d_k]</code> has the right shape and the wrong numbers (the picture above).</details>
+# <details><summary>Hint 3 — one key expression</summary>The first move: <code>x.view(batch, seq, n_heads, d_k)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "split_heads", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -245,7 +247,7 @@ print("contiguous before:", x_small.is_contiguous(), " after split_heads:", head
 
 # %% [markdown]
 # ### Exercise 2 — `merge_heads`
-# > **Difficulty** ●○○ · **Importance** ●●● · about 5 minutes
+# > **Difficulty** ●○○ · **Importance** ●●● · about 10 minutes
 #
 # Write `merge_heads(x)`, the inverse of `split_heads`: the outputs of the heads, concatenated for every
 # position.
@@ -255,10 +257,10 @@ print("contiguous before:", x_small.is_contiguous(), " after split_heads:", head
 #
 # Worked example: `merge_heads(split_heads(x, n_heads))` gives back `x`, for any `x` and `n_heads`.
 #
-# <details><summary>Hint 1 — the idea</summary>Undo the two moves of <code>split_heads</code> in reverse order. After the transpose, <code>view</code> raises an error
-# ("view size is not compatible with input tensor's size and stride"): the memory is no longer row by row.</details>
-# <details><summary>Hint 2 — the plan</summary>Shapes: <code>[batch, n_heads, seq, d_k]</code> → (transpose) → <code>[batch, seq, n_heads, d_k]</code> → (reshape) → <code>[batch, seq, n_heads * d_k]</code>.
-# The second move must be able to copy: <code>reshape</code>, or <code>.contiguous().view(...)</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>Undo the two moves of <code>split_heads</code> in reverse order: put the positions back in front of the heads, then glue each position's heads back into one vector.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: <code>[batch, n_heads, seq, d_k]</code> → (a transpose of axes 1 and 2) → <code>[batch, seq, n_heads, d_k]</code> → (the last two axes joined) → <code>[batch, seq, n_heads * d_k]</code>.
+# After the transpose the memory is no longer laid out row by row, so <code>view</code> refuses ("view size is not compatible with input tensor's size and stride"); <code>reshape</code> copies when it must.</details>
+# <details><summary>Hint 3 — one key expression</summary>The first move: <code>x.transpose(1, 2)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "merge_heads", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
@@ -393,7 +395,7 @@ for name, shape in (("causal [L_q, L_k]", [4, 6]), ("padding [batch, 1, L_k]", [
 # the next exercise has such cases.
 #
 # ### Exercise 3 — `multi_head_attention_forward`
-# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
+# > **Difficulty** ●●● · **Importance** ●●● · about 25 minutes
 #
 # Put it together with plain weight matrices (no biases), as in chapter 02:
 # `multi_head_attention_forward(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask=None)` returns
@@ -413,11 +415,12 @@ for name, shape in (("causal [L_q, L_k]", [4, 6]), ("padding [batch, 1, L_k]", [
 # You may use `split_heads_impl`, `merge_heads_impl` (yours, or the library's if yours does not pass yet) and
 # `scaled_dot_product_attention` (imported above), or write the steps out.
 #
-# <details><summary>Hint 1 — the idea</summary>Project, split, attend, merge, mix. The scale is <code>sqrt(d_k)</code>: each head compares vectors of size <code>d_k</code>, not <code>d_model</code>.
-# The scores are <code>[batch, heads, L_q, L_k]</code> while a 3-D mask is <code>[batch, L_q, L_k]</code> or <code>[batch, 1, L_k]</code>: give the mask a heads dimension first.</details>
-# <details><summary>Hint 2 — the plan</summary>Shapes: <code>query @ w_q</code> <code>[batch, L_q, d_model]</code> → split → <code>[batch, heads, L_q, d_k]</code> (keys and values the same, with <code>L_k</code>);
-# scores and weights <code>[batch, heads, L_q, L_k]</code>, a 3-D mask <code>[batch, 1, ·, L_k]</code>; weights @ v <code>[batch, heads, L_q, d_k]</code> → merge → <code>[batch, L_q, d_model]</code> → <code>@ w_o</code>.
-# First line: <code>q = split_heads_impl(query @ w_q, n_heads)  # [batch, heads, L_q, d_k]</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>Project, split, attend, merge, mix. Each head compares vectors of size <code>d_k</code>, so the scale is $\sqrt{d_k}$, not $\sqrt{d_{model}}$.
+# The scores gain a heads axis, <code>[batch, heads, L_q, L_k]</code>, while a 3-D mask is <code>[batch, L_q, L_k]</code> or <code>[batch, 1, L_k]</code>: broadcasting lines axes up from the right, so the mask needs a heads axis of size 1 first.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: query, key and value, each times its matrix, <code>[batch, L, d_model]</code> → split → <code>[batch, heads, L, d_k]</code> (<code>L_q</code> positions for the queries, <code>L_k</code> for the keys and values);
+# scores and weights <code>[batch, heads, L_q, L_k]</code>, the softmax over the keys; a 3-D mask becomes <code>[batch, 1, L_q, L_k]</code> or <code>[batch, 1, 1, L_k]</code>; weights times values <code>[batch, heads, L_q, d_k]</code> → merge → <code>[batch, L_q, d_model]</code> → times <code>w_o</code>.
+# Return that and the per-head weights. Your <code>split_heads_impl</code>, <code>merge_heads_impl</code> and the imported <code>scaled_dot_product_attention</code> do most of the steps.</details>
+# <details><summary>Hint 3 — one key expression</summary>The queries of every head: <code>split_heads_impl(query @ w_q, n_heads)</code>, <code>[batch, heads, L_q, d_k]</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "multi_head_attention_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def multi_head_attention_forward(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask=None):
@@ -492,11 +495,12 @@ print("weight on the two padding keys of sentence 2, per head:", weights_2[1, :,
 # Worked example: `count_mha_parameters(4, 2)` is 80 and `count_mha_parameters(4, 2, bias=False)` is 64.
 # Check that your reasoning gives these two numbers before you write the code.
 #
-# <details><summary>Hint 1 — the idea</summary>A head reads all <code>d_model</code> input features and produces <code>d_k = d_model // n_heads</code> numbers:
-# its <code>W_i^Q</code> is <code>d_model × d_k</code>, with one bias per output. <code>W^O</code> reads what all heads produced together.</details>
-# <details><summary>Hint 2 — the plan</summary>Count one head's three projections (matrix entries plus biases), multiply by <code>n_heads</code>, then add <code>W^O</code>:
-# how many numbers go in (the concatenated heads), how many come out. Add biases only when <code>bias</code> is true.
-# A first line: <code>d_k = d_model // n_heads</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>A head reads all $d_{model}$ input features and produces $d_k = d_{model} / h$ numbers: its $W_i^Q$ is
+# $d_{model} \times d_k$, with one bias per output, and likewise $W_i^K$ and $W_i^V$. $W^O$ reads what all the heads produced together and writes $d_{model}$ numbers.</details>
+# <details><summary>Hint 2 — the plan</summary>Count one head: three matrices of $d_{model} \times d_k$ entries, plus $d_k$ biases each when <code>bias</code> is true.
+# Multiply by the number of heads. Add $W^O$: as many entries as it has inputs (the concatenated heads) times outputs, plus one bias per output when <code>bias</code> is true.
+# Use integer division for $d_k$, so that the result is a Python int.</details>
+# <details><summary>Hint 3 — one key expression</summary>$W^O$ and its biases: <code>d_model * d_model + (d_model if bias else 0)</code>; a head's three projections are counted the same way.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "count_mha_parameters", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def count_mha_parameters(d_model: int, n_heads: int, bias: bool = True) -> int:
@@ -565,7 +569,7 @@ print(f"score multiply-adds for L = {L}: 1 head {1 * L * L * 512:,}, 8 heads {8 
 # function: an `nn.Module`. One more exercise packages sections 3 to 5 that way.
 #
 # ### Exercise 5 — `MultiHeadAttentionLayer`
-# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
+# > **Difficulty** ●●○ · **Importance** ●●● · about 20 minutes
 #
 # Package it as an `nn.Module`, the way it is used inside a Transformer.
 #
@@ -582,10 +586,11 @@ print(f"score multiply-adds for L = {L}: 1 head {1 * L * L * 512:,}, 8 heads {8 
 # You may use `split_heads_impl`, `merge_heads_impl`, `scaled_dot_product_attention` or PyTorch's fused
 # `F.scaled_dot_product_attention` (same boolean mask convention: `True` = may attend).
 #
-# <details><summary>Hint 1 — the idea</summary>Start <code>__init__</code> with <code>super().__init__()</code>, then the check, then the layers. In <code>forward</code>: <code>self.w_q(query)</code> is the <code>query @ w_q</code> of exercise 3, plus a bias.</details>
-# <details><summary>Hint 2 — the plan</summary>Keep <code>n_heads</code> (and <code>d_k</code>) on <code>self</code>. In <code>forward</code>: <code>self.w_q(query)</code> <code>[batch, L_q, d_model]</code> → split → <code>[batch, heads, L_q, d_k]</code> (k, v likewise);
-# a 3-D mask gets a heads dimension; attention per head → <code>[batch, heads, L_q, d_k]</code> → merge → <code>self.w_o(...)</code>.
-# First line of <code>forward</code>: <code>q = split_heads_impl(self.w_q(query), self.n_heads)  # [batch, heads, L_q, d_k]</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>The constructor checks its arguments, then creates the four layers under the names the checker loads weights into, and keeps <code>n_heads</code> and <code>d_k</code> as attributes for <code>forward</code>.
+# In <code>forward</code>, the layer <code>w_q</code> applied to the queries is exercise 3's product with $W^Q$, plus a bias; the rest is exercise 3 again.</details>
+# <details><summary>Hint 2 — the plan</summary>Constructor (after the parent's, which is already there): raise a <code>ValueError</code> whose message names <code>d_model</code> and <code>n_heads</code> when <code>d_model</code> is not a multiple of <code>n_heads</code>; then the four <code>nn.Linear</code> layers from <code>d_model</code> to <code>d_model</code>.
+# <code>forward</code>: <code>[batch, L, d_model]</code> → layer <code>w_q</code>, <code>w_k</code> or <code>w_v</code> → split → <code>[batch, heads, L, d_k]</code>; a 3-D mask gets a heads axis; attention per head → <code>[batch, heads, L_q, d_k]</code> → merge → <code>[batch, L_q, d_model]</code> → layer <code>w_o</code>. Return only the output.</details>
+# <details><summary>Hint 3 — one key expression</summary>The queries of every head: <code>split_heads_impl(self.w_q(query), self.n_heads)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "multi_head_attention_layer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class MultiHeadAttentionLayer(nn.Module):
@@ -782,10 +787,11 @@ def accuracy(model):
 # Worked example: the rows `[1, 0, 0, 0]`, `[0.25, 0.25, 0.25, 0.25]` and `[0.5, 0.5, 0, 0]` give
 # `[0.000, 1.386, 0.693]`, that is $0$, $\log 4$ and $\log 2$.
 #
-# <details><summary>Hint 1 — the idea</summary>One term per key, summed over the keys, with a minus sign. The catch is the masked keys:
-# in floating point <code>0 * log(0)</code> is <code>0 * (-inf)</code> = NaN, and one NaN spoils the whole sum.</details>
-# <details><summary>Hint 2 — the plan</summary>Shapes: <code>[..., L_q, L_k]</code> → elementwise <code>a log a</code> (0 where <code>a = 0</code>) → sum over the keys (<code>dim=-1</code>) → <code>[..., L_q]</code>, then the sign.
-# <code>torch.xlogy(a, a)</code> computes <code>a * log(a)</code> and gives 0 where <code>a</code> is 0.</details>
+# <details><summary>Hint 1 — the idea</summary>One term per key, $-a \log a$, summed over the keys. The catch is a masked key, weight exactly 0:
+# in floating point, zero times the log of zero is zero times minus infinity, which is NaN, and one NaN spoils the whole sum. The term's limit is 0, and 0 is what it must contribute.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: <code>[..., L_q, L_k]</code> → elementwise $-a \log a$, with 0 where $a = 0$ → a sum over the keys, the last dimension → <code>[..., L_q]</code>.
+# PyTorch has elementwise functions that handle the zero for you: <code>torch.xlogy</code> ($x \log y$, 0 where $x = 0$) and <code>torch.special.entr</code> ($-x \log x$).</details>
+# <details><summary>Hint 3 — one key expression</summary>Every term $a \log a$ at once, 0 where $a$ is 0: <code>torch.xlogy(weights, weights)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "attention_entropy", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def attention_entropy(weights: torch.Tensor) -> torch.Tensor:

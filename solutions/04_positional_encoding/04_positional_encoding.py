@@ -29,7 +29,7 @@
 # 9. **A comparison** of the three on two small tasks, one needing absolute and one needing relative positions.
 #
 # Five exercises are autograded: `sinusoidal_table`, `add_positions`, `rotation_for_offset`,
-# `relative_position_index` and `relative_position_bias`. When an answer is wrong, the test cell tells
+# `relative_position_index` and `relative_position_bias`; together they take about 65 minutes. When an answer is wrong, the test cell tells
 # you which common mistake it looks like. Once an exercise passes, the rest of the chapter runs on
 # *your* function; until then it runs on the library's, and says so in one line.
 
@@ -128,7 +128,7 @@ print("outputs of 他打我 = outputs of 我打他 reversed:", torch.allclose(ou
 
 # %% [markdown]
 # ### Exercise 1 — `sinusoidal_table`
-# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
+# > **Difficulty** ●●○ · **Importance** ●●● · about 20 minutes
 #
 # Write `sinusoidal_table(max_len, d_model)` returning the table `PE` of shape `[max_len, d_model]`,
 # float32, row `pos` being the encoding of position `pos` (`d_model` is even).
@@ -142,8 +142,9 @@ print("outputs of 他打我 = outputs of 我打他 reversed:", torch.allclose(ou
 # so the 2 is counted twice and every frequency but the first is wrong. The exponent is
 # (even dimension index) / `d_model`, that is $2i/d_{model}$ with $i$ the *pair* index.
 #
-# <details><summary>Hint 1 — the idea</summary>Every entry is the sine or cosine of one angle, position times frequency. Build all the angles at once as an outer product: positions <code>[max_len, 1]</code> times frequencies <code>[1, d_model/2]</code>. Then the sines go into the even columns and the cosines into the odd columns.</details>
-# <details><summary>Hint 2 — the plan</summary>Three tensors: <code>omega</code> <code>[d_model/2]</code> from <code>torch.arange(0, d_model, 2)</code> (that arange is already 2i); <code>angle = torch.arange(max_len, dtype=torch.float64)[:, None] * omega</code>, <code>[max_len, d_model/2]</code>; a zero table <code>[max_len, d_model]</code> whose strided slices <code>pe[:, 0::2]</code> and <code>pe[:, 1::2]</code> receive the sines and the cosines. Return float32 (float64 for the angles keeps large positions accurate).</details>
+# <details><summary>Hint 1 — the idea</summary>Every entry is the sine or the cosine of one angle, position times frequency. Build all the angles at once as an outer product: the positions as a column <code>[max_len, 1]</code> times the frequencies as a row <code>[1, d_model/2]</code>. Then the sines go into the even columns of the table and the cosines into the odd columns.</details>
+# <details><summary>Hint 2 — the plan</summary>Three tensors. The frequencies, <code>[d_model/2]</code>: the even numbers 0, 2, 4, … below <code>d_model</code> are already the $2i$ of the formula. The angles, <code>[max_len, d_model/2]</code>, computed in float64 so that large positions stay accurate. A table of zeros, <code>[max_len, d_model]</code>: the columns taken with step 2 from column 0 receive the sines, those taken with step 2 from column 1 the cosines. Return the table as float32.</details>
+# <details><summary>Hint 3 — one key expression</summary>The $2i$ of every pair, in float64: <code>torch.arange(0, d_model, 2, dtype=torch.float64)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "sinusoidal_table", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
@@ -242,8 +243,9 @@ plt.show()
 # (The library's version also raises a `ValueError` when `offset + seq` runs past the table; the
 # checker doesn't ask you for that.)
 #
-# <details><summary>Hint 1 — the idea</summary>You need <code>seq</code> consecutive rows of the table, starting at row <code>offset</code>. The sequence length is <code>x.shape[1]</code> (not <code>len(x)</code>, which is the batch size).</details>
-# <details><summary>Hint 2 — the plan</summary>A slice <code>pe[offset : ...]</code> of shape <code>[seq, d_model]</code> added to <code>x</code> <code>[batch, seq, d_model]</code> broadcasts over the batch by itself; convert it with <code>.to(x.dtype)</code> first so a float64 <code>x</code> stays float64.</details>
+# <details><summary>Hint 1 — the idea</summary>You need <code>seq</code> consecutive rows of the table, one per token, starting at row <code>offset</code>; every sentence of the batch gets the same rows. The sequence length is the second entry of <code>x.shape</code>: the first is the batch size.</details>
+# <details><summary>Hint 2 — the plan</summary>A slice of the table, <code>[seq, d_model]</code>, added to <code>x</code>, <code>[batch, seq, d_model]</code>, broadcasts over the batch by itself. Convert the slice to the dtype of <code>x</code> first, so that a float64 <code>x</code> stays float64.</details>
+# <details><summary>Hint 3 — one key expression</summary>The rows: <code>pe[offset : offset + x.shape[1]]</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "add_positions", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def add_positions(x: torch.Tensor, pe: torch.Tensor, offset: int = 0) -> torch.Tensor:
@@ -341,7 +343,7 @@ print("turn for k = 2:", ",  ".join(f"pair {i} by 2 x {omega[i]:.4f} = {2 * omeg
 
 # %% [markdown]
 # ### Exercise 3 — `rotation_for_offset`
-# > **Difficulty** ●●○ · **Importance** ●●○ · about 15 minutes
+# > **Difficulty** ●●● · **Importance** ●●○ · about 20 minutes
 #
 # Write `rotation_for_offset(k, d_model)` returning $M_k$, a float32 `[d_model, d_model]` matrix, zero
 # except for the 2×2 blocks on the diagonal: block $i$ (rows and columns $2i, 2i+1$) is
@@ -353,8 +355,9 @@ print("turn for k = 2:", ",  ".join(f"pair {i} by 2 x {omega[i]:.4f} = {2 * omeg
 # Worked example: `rotation_for_offset(1, 2)` is $\begin{pmatrix} \cos 1 & \sin 1 \\ -\sin 1 & \cos 1\end{pmatrix}
 # \approx \begin{pmatrix} 0.5403 & 0.8415 \\ -0.8415 & 0.5403 \end{pmatrix}$.
 #
-# <details><summary>Hint 1 — the idea</summary>Compute the angles <code>k * omega</code> (shape <code>[d_model/2]</code>, the same frequencies as in exercise 1) and their cos and sin. Each block needs those two numbers in four places. A Python loop over the pairs, filling <code>m[2*i : 2*i+2, 2*i : 2*i+2]</code>, is a fine way to start.</details>
-# <details><summary>Hint 2 — the plan</summary>Without a loop: start from <code>torch.zeros(d_model, d_model)</code>. The strided slice <code>m[0::2, 0::2]</code> is a <code>[d_model/2, d_model/2]</code> grid of the (even row, even column) entries; block <i>i</i>'s top-left entry is its diagonal element <i>(i, i)</i>, so <code>m[0::2, 0::2] = torch.diag(cos)</code>. The slices <code>[0::2, 1::2]</code>, <code>[1::2, 0::2]</code> and <code>[1::2, 1::2]</code> take the other three entries of every block the same way.</details>
+# <details><summary>Hint 1 — the idea</summary>Compute the angles, the offset k times each pair's frequency (the same frequencies as in exercise 1, <code>[d_model/2]</code>), and their cosines and sines. Block i needs those two numbers in its four places: the cosine on its diagonal, the sine above it, minus the sine below it. A Python loop over the pairs that fills one 2×2 block at a time is a fine way to start.</details>
+# <details><summary>Hint 2 — the plan</summary>Without a loop: start from a zero matrix <code>[d_model, d_model]</code>, in float64. Taking every second row and every second column, both starting at 0, gives a <code>[d_model/2, d_model/2]</code> grid of the top-left entries of all the blocks, and block i's top-left entry sits on that grid's diagonal, at (i, i). The same holds for the other three kinds of entry (even row and odd column, odd row and even column, odd row and odd column). So each kind is one diagonal matrix written into one strided slice. Return float32.</details>
+# <details><summary>Hint 3 — one key expression</summary>The top-left entries of all the blocks at once: <code>m[0::2, 0::2] = torch.diag(cos)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "rotation_for_offset", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def rotation_for_offset(k: int, d_model: int) -> torch.Tensor:
@@ -723,8 +726,9 @@ print("sinusoidal, 9 tokens -> output of shape", tuple(sinusoidal_model(longer).
 #  [0, 0, 1, 2]]
 # ```
 #
-# <details><summary>Hint 1 — the idea</summary>Three steps: the offset <code>j - i</code> of every pair, then clip it to <code>[-D, D]</code>, then shift it by <code>D</code> so it becomes a valid index 0 … 2D.</details>
-# <details><summary>Hint 2 — the plan</summary>Broadcasting builds all offsets at once: a row <code>[1, k_len]</code> of key positions minus a column <code>[q_len, 1]</code> of query positions is the <code>[q_len, k_len]</code> matrix of <code>j - i</code>, as in <code>offset = torch.arange(k_len)[None, :] - torch.arange(q_len)[:, None]</code>. Then <code>.clamp(...)</code> with both bounds, then add. <code>torch.arange</code> gives int64 already.</details>
+# <details><summary>Hint 1 — the idea</summary>Three steps: the offset <code>j - i</code> of every (query, key) pair, then clip it to the range from <code>-D</code> to <code>D</code>, then shift it up by <code>D</code> so that it becomes a valid index 0 … 2D.</details>
+# <details><summary>Hint 2 — the plan</summary>Broadcasting builds all the offsets at once: the key positions as a row <code>[1, k_len]</code> minus the query positions as a column <code>[q_len, 1]</code> is the <code>[q_len, k_len]</code> matrix of <code>j - i</code>. Clip it with both bounds (tensors have a <code>clamp</code> method), then add <code>D</code>. Integer ranges are int64 already.</details>
+# <details><summary>Hint 3 — one key expression</summary>Clip and shift: <code>offset.clamp(-max_distance, max_distance) + max_distance</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "relative_position_index", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def relative_position_index(q_len: int, k_len: int, max_distance: int) -> torch.Tensor:
@@ -787,8 +791,9 @@ plt.show()
 # copying numbers out with `.item()`. You may call `relative_position_index_impl` (your exercise 4, or the
 # library's if yours does not pass yet).
 #
-# <details><summary>Hint 1 — the idea</summary>The index of exercise 4 tells, for every pair <code>(i, j)</code>, which column of the table it needs. Indexing a tensor with an integer tensor returns a tensor of the index's shape, filled with the entries it points to.</details>
-# <details><summary>Hint 2 — the plan</summary>First <code>index = relative_position_index_impl(q_len, k_len, D)</code>, <code>[q_len, k_len]</code> int64. Then index the table's <em>second</em> dimension with it and keep the first (the heads) whole: the result is <code>[heads, q_len, k_len]</code>, heads first.</details>
+# <details><summary>Hint 1 — the idea</summary>The index of exercise 4 tells, for every pair <code>(i, j)</code>, which column of the table it needs. Indexing a tensor with an integer tensor returns a tensor of the index's shape, filled with the entries it points to: a lookup that gradients flow through.</details>
+# <details><summary>Hint 2 — the plan</summary>First the <code>[q_len, k_len]</code> int64 index of the clipped offsets: your <code>relative_position_index_impl</code>, with <code>D</code> read from the table's width. Then index the table's <em>second</em> dimension with it and keep the first, the heads, whole: the result is <code>[heads, q_len, k_len]</code>, heads first, in the table's dtype.</details>
+# <details><summary>Hint 3 — one key expression</summary>The lookup: <code>table[:, index]</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "relative_position_bias", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def relative_position_bias(table: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Checkers for chapter 02, self-attention: Q/K/V projections, scaled scores, softmax,
-scaled dot-product attention with a mask, and self-attention in matrix form.
+scaled dot-product attention with a mask, self-attention in matrix form, and the
+`SelfAttention` layer (learned projections, a padded batch of sentences).
 
 Each checker compares a learner's function with the library (transformer_lib.attention)
 on deterministic cases, and knows the wrong answers learners often write, so that a
@@ -12,8 +13,10 @@ import dataclasses
 import math
 
 import torch
+import torch.nn as nn
 
 from transformer_lib.attention import (
+    SelfAttention,
     attention_scores,
     project_qkv,
     scaled_dot_product_attention,
@@ -607,4 +610,207 @@ check_self_attention = Checker(
 )
 
 
-CHECKERS = [check_project_qkv, check_attention_scores, check_softmax, check_scaled_attention, check_self_attention]
+# ---------------------------------------------------------------------------------------
+# Exercise 6: class SelfAttention(nn.Module), forward(x, lengths=None) -> (output, weights)
+# ---------------------------------------------------------------------------------------
+
+
+def _layer_state(d_model: int, d_k: int, d_v: int, seed: int, dtype) -> dict:
+    """Weights for w_q, w_k, w_v in nn.Linear's layout, [out, in], no biases."""
+    g = seeded(seed)
+    return {"w_q.weight": randn(g, d_k, d_model, dtype=dtype, scale=d_model**-0.5 * 2.0),
+            "w_k.weight": randn(g, d_k, d_model, dtype=dtype, scale=d_model**-0.5 * 2.0),
+            "w_v.weight": randn(g, d_v, d_model, dtype=dtype, scale=d_model**-0.5)}
+
+
+def _invoke_layer(cls, case: Case):
+    """Build the class the same way for the learner, the reference and the mistakes: the same
+    weights are loaded into it, then it runs on the case's batch (with lengths when the case has them)."""
+    d_model, d_k, d_v, x = case.args
+    kwargs = dict(case.kwargs)
+    seed = kwargs.pop("weight_seed")
+    layer = cls(d_model, d_k, d_v)
+    if not isinstance(layer, nn.Module):
+        raise TypeError(f"{type(layer).__name__} must be an nn.Module subclass")
+    layer = layer.to(x.dtype)
+    try:
+        layer.load_state_dict(_layer_state(d_model, d_k, d_v, seed, x.dtype))
+    except RuntimeError as exc:
+        raise RuntimeError(
+            "the checker could not load its weights into your layer: keep the three "
+            f"nn.Linear layers w_q, w_k, w_v (no bias) that __init__ creates ({exc})"
+        ) from None
+    return layer(x, **kwargs)  # no `lengths` keyword at all when the case has none: the default
+
+
+def _layer_cases() -> list[Case]:
+    g = seeded(206)
+    return [
+        Case("one sentence of 4 tokens, no padding", (6, 3, 3, randn(g, 1, 4, 6)), {"weight_seed": 1}),
+        Case("batch of 2, lengths [5, 3], d_v != d_k", (8, 4, 6, randn(g, 2, 5, 8)),
+             {"weight_seed": 2, "lengths": torch.tensor([5, 3])}),
+        Case("batch of 3, lengths [2, 4, 3]", (5, 2, 2, randn(g, 3, 4, 5)),
+             {"weight_seed": 3, "lengths": torch.tensor([2, 4, 3])}),
+        Case("float64, batch of 2, lengths [1, 6]: a sentence of one token", (
+            6, 4, 4, randn(g, 2, 6, 6, dtype=torch.float64)),
+             {"weight_seed": 4, "lengths": torch.tensor([1, 6])}, hidden=True),
+        Case("batch of 2, no padding given as full lengths [3, 3]", (4, 4, 2, randn(g, 2, 3, 4)),
+             {"weight_seed": 5, "lengths": torch.tensor([3, 3])}, hidden=True),
+        Case("large scores, lengths [7, 2, 5]", (16, 8, 8, randn(g, 3, 7, 16, scale=4.0)),
+             {"weight_seed": 6, "lengths": torch.tensor([7, 2, 5])}, hidden=True),
+        Case("batch of 2, no lengths", (6, 2, 3, randn(g, 2, 5, 6)), {"weight_seed": 7}, hidden=True),
+    ]
+
+
+class _SketchLayer(nn.Module):
+    """SelfAttention written out, with class-level switches for the known mistakes."""
+
+    scale_by, mask_on, visible_until, mask_after_softmax, softmax_dim = "d_k", "keys", "<", False, -1
+
+    def __init__(self, d_model, d_k, d_v=None):
+        super().__init__()
+        d_v = d_k if d_v is None else d_v
+        self.d_model, self.d_k = d_model, d_k
+        self.w_q = nn.Linear(d_model, d_k, bias=False)
+        self.w_k = nn.Linear(d_model, d_k, bias=False)
+        self.w_v = nn.Linear(d_model, d_v, bias=False)
+
+    def forward(self, x, lengths=None):
+        q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
+        size = {"d_k": self.d_k, "d_model": self.d_model, "none": 1}[self.scale_by]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(size)  # [batch, seq, seq]
+        mask = None
+        if lengths is not None and self.mask_on != "nothing":
+            positions = torch.arange(x.shape[-2])
+            real = positions < lengths[:, None] if self.visible_until == "<" else positions <= lengths[:, None]
+            mask = {"keys": real[:, None, :], "queries": real[:, :, None],
+                    "both": real[:, None, :] & real[:, :, None]}[self.mask_on]
+        if mask is not None and not self.mask_after_softmax:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=self.softmax_dim)
+        if mask is not None and self.mask_after_softmax:
+            weights = weights.masked_fill(~mask, 0.0)
+        return weights @ v, weights
+
+
+class _LayerLengthsIgnored(_SketchLayer):
+    mask_on = "nothing"
+
+
+class _LayerQueriesHidden(_SketchLayer):
+    mask_on = "queries"
+
+
+class _LayerBothHidden(_SketchLayer):
+    mask_on = "both"
+
+
+class _LayerOneTooMany(_SketchLayer):
+    visible_until = "<="
+
+
+class _LayerMaskAfterSoftmax(_SketchLayer):
+    mask_after_softmax = True
+
+
+class _LayerSqrtDModel(_SketchLayer):
+    scale_by = "d_model"
+
+
+class _LayerUnscaled(_SketchLayer):
+    scale_by = "none"
+
+
+class _LayerSoftmaxOverQueries(_SketchLayer):
+    softmax_dim = -2
+
+
+def _padding_keys(case):
+    """[batch, seq] bool, True where the case's key is padding (all False without lengths)."""
+    x = case.args[3]
+    lengths = case.kwargs.get("lengths")
+    if lengths is None:
+        return torch.zeros(x.shape[0], x.shape[1], dtype=torch.bool)
+    return torch.arange(x.shape[1]) >= lengths[:, None]
+
+
+def _weight_on_padding(case, expected, actual):
+    """A real token's row gives weight to a padding key (the reference gives exactly 0)."""
+    weights = actual[1]
+    if not isinstance(weights, torch.Tensor) or weights.shape != expected[1].shape:
+        return False
+    padding = _padding_keys(case)  # [batch, seq]
+    real_rows = ~padding[:, :, None]  # [batch, seq, 1]: only the real tokens' queries
+    on_padding = weights.double().abs() * (real_rows & padding[:, None, :])  # [batch, seq, seq]
+    return bool((on_padding > 1e-6).any())
+
+
+check_self_attention_layer = Checker(
+    name="self_attention_layer",
+    reference=SelfAttention,
+    make_cases=_layer_cases,
+    invoke=_invoke_layer,
+    mistakes=[
+        Mistake(
+            "the lengths were not used: real tokens still attend to the padding",
+            "Turn the lengths into a [batch, seq] boolean of real tokens (positions 0 .. seq - 1 compared with "
+            "each sentence's length), and hide the other keys in the scores before the softmax.",
+            _LayerLengthsIgnored,
+        ),
+        Mistake(
+            "the padding hidden as queries (rows of the scores) instead of as keys (columns)",
+            "A padded token must not be attended *to*: hide its column. The mask is [batch, 1, seq], one row of "
+            "visible keys shared by every query, not [batch, seq, 1].",
+            _LayerQueriesHidden,
+        ),
+        Mistake(
+            "the padding hidden as keys and also as queries (a padding position's whole row hidden)",
+            "Hide the padding as keys only, [batch, 1, seq]: a padding position keeps its query and attends over "
+            "the real tokens like any other position (its output is simply not used later).",
+            _LayerBothHidden,
+        ),
+        Mistake(
+            "one padding token too many stays visible (position == length counted as real)",
+            "Sentence b's real tokens are the positions 0 .. lengths[b] - 1: compare with <, not <=.",
+            _LayerOneTooMany,
+        ),
+        Mistake(
+            "the padding masked after the softmax (weights zeroed, the rest no longer sum to 1)",
+            "Hide the padded keys in the *scores*, before the softmax, with a very negative number "
+            "(torch.finfo(scores.dtype).min).",
+            _LayerMaskAfterSoftmax,
+        ),
+        Mistake(
+            "scores scaled by sqrt(d_model) instead of sqrt(d_k)",
+            "Queries and keys have d_k features, the output size of w_q: divide by math.sqrt(self.d_k).",
+            _LayerSqrtDModel,
+        ),
+        Mistake(
+            "no sqrt(d_k) scale on the scores",
+            "Divide q @ k^T by math.sqrt(self.d_k) before the softmax.",
+            _LayerUnscaled,
+        ),
+        Mistake(
+            "softmax taken over the queries (dim=-2)",
+            "Each token spreads its attention over the keys: softmax over dim=-1.",
+            _LayerSoftmaxOverQueries,
+        ),
+    ],
+    properties=[
+        Property(
+            "weight on padding tokens in a real token's row",
+            "Real tokens must give padding exactly 0 weight: hide every key at a position >= the sentence's "
+            "length in the scores (a [batch, 1, seq] mask), before the softmax.",
+            _weight_on_padding,
+        ),
+        rows_do_not_sum_to_one(
+            dim=-1, what="the keys", select=_weights,
+            fix="Each token spreads its attention over the keys: mask the scores, then softmax over dim=-1, "
+                "and change nothing in the weights afterwards.",
+        ),
+    ],
+)
+
+
+CHECKERS = [check_project_qkv, check_attention_scores, check_softmax, check_scaled_attention, check_self_attention,
+            check_self_attention_layer]
