@@ -225,6 +225,29 @@ def test_causal_linear_attention_equals_the_explicit_formula(n):
                                sparse.linear_attention_quadratic(q, k, v, causal=True)[0], **TOL[torch.float64])
 
 
+@pytest.mark.parametrize("n", [1, 4, 17])
+def test_recurrent_linear_attention_equals_the_prefix_sums(n):
+    q, k, v = random_qkv((2, 3), n, n, 6, 4, torch.float64, seed=n)
+    torch.testing.assert_close(sparse.recurrent_linear_attention(q, k, v), _explicit_causal_linear(q, k, v),
+                               **TOL[torch.float64])
+    q, k, v = random_qkv((2,), 64, 64, 8, 8, torch.float32, seed=n)
+    torch.testing.assert_close(sparse.recurrent_linear_attention(q, k, v), sparse.causal_linear_attention(q, k, v),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_recurrent_linear_attention_broadcasts_batches_and_keeps_one_state():
+    q, k, v = random_qkv((2, 3), 9, 9, 4, 5, torch.float64, seed=1)
+    torch.testing.assert_close(sparse.recurrent_linear_attention(q, k[:1], v[:1]),
+                               sparse.causal_linear_attention(q, k[:1], v[:1]), **TOL[torch.float64])
+    n, d = 512, 16
+    q, k, v = random_qkv((1,), n, n, d, d, torch.float32)
+    with LargestTensor() as seen:
+        sparse.recurrent_linear_attention(q, k, v)
+    assert seen.largest <= n * d, "no state per position, no n x n matrix"
+    with pytest.raises(ValueError, match="one length"):
+        sparse.recurrent_linear_attention(q, k[..., :5, :], v[..., :5, :])
+
+
 def test_linear_attention_is_the_quadratic_form_computed_in_another_order():
     q, k, v = random_qkv((2,), 9, 12, 5, 3, torch.float64)
     out, weights = sparse.linear_attention_quadratic(q, k, v)

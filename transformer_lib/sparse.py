@@ -17,7 +17,8 @@ the length quadruples the time and the memory of the scores. The remedies here:
 * `linear_attention`: softmax(q . k) replaced by a kernel phi(q) . phi(k), phi = elu + 1
   (Katharopoulos et al., 2020, "Transformers are RNNs"), so that (phi(Q) phi(K)^T) V can be
   computed as phi(Q) (phi(K)^T V) in O(n d^2). The causal form is a prefix sum
-  (`causal_linear_attention`).
+  (`causal_linear_attention`), or the same sums carried as one running state, an RNN
+  (`recurrent_linear_attention`).
 * `online_softmax_attention`: exact attention with the keys taken block by block, keeping a
   running maximum and a running sum and rescaling what was accumulated when the maximum grows
   (Milakov & Gimelshein, 2018, "Online normalizer calculation for softmax"). FlashAttention
@@ -287,6 +288,36 @@ def causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
     num = (phi_q.unsqueeze(-2) @ kv).squeeze(-2)  # [..., n, d_v]
     den = (phi_q * z).sum(dim=-1, keepdim=True)  # [..., n, 1]
     return num / den
+
+
+def recurrent_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal linear attention as an RNN: one state (S, z), updated position by position.
+
+    The same numbers as `causal_linear_attention` (to rounding), computed the way a decoder
+    generates: at position i, first S += phi(k_i) v_i^T and z += phi(k_i) (so that position i
+    sees its own key), then out_i = phi(q_i)^T S / phi(q_i)^T z. Only one S [..., d_k, d_v] and
+    one z [..., d_k] ever exist, whatever n is (the prefix sums keep one per position); the price
+    is a Python loop of n small steps (Katharopoulos et al., 2020, section 3.4).
+
+    q, k: [..., n, d_k]; v: [..., n, d_v]. Returns [..., n, d_v].
+    """
+    _check_attention_inputs(q, k, v, None)
+    if q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"causal linear attention needs queries and keys of one length, got q {list(q.shape)}, "
+                         f"k {list(k.shape)}")
+    phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)  # [..., n, d_k]
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    S = q.new_zeros(*batch, q.shape[-1], v.shape[-1])  # [..., d_k, d_v]: all of the past the model keeps
+    z = q.new_zeros(*batch, q.shape[-1])  # [..., d_k]
+    out = q.new_empty(*batch, q.shape[-2], v.shape[-1])  # [..., n, d_v]
+    for i in range(q.shape[-2]):
+        # Update before reading: position i attends to keys j <= i, itself included. In place,
+        # so that no second state is ever allocated.
+        S += phi_k[..., i, :, None] * v[..., i, None, :]  # + phi(k_i) v_i^T, [..., d_k, d_v]
+        z += phi_k[..., i, :]
+        q_i = phi_q[..., i, :]  # [..., d_k]
+        out[..., i, :] = (q_i.unsqueeze(-2) @ S).squeeze(-2) / (q_i * z).sum(dim=-1, keepdim=True)
+    return out
 
 
 def linear_attention_quadratic(q, k, v, causal: bool = False):

@@ -20,16 +20,20 @@
 # 2. **Sparse interaction patterns**: let each token talk to a few others only. A sliding window, a dilated
 #    window, selected positions that see everything, and extra global tokens, drawn as interaction matrices.
 # 3. **The receptive field**: a window sees little in one layer, but stacked layers see further and further.
-# 4. **Banded attention**: a sliding window computed in $O(n \cdot w)$ time and memory, with the same result as
-#    dense attention under the window's mask.
+# 4. **Banded attention**: you write a sliding window computed block by block, in $O(n \cdot w)$ time and memory,
+#    with the same result as dense attention under the window's mask, and time it against dense attention.
 # 5. **Linear attention**: change the similarity so that the $n \times n$ matrix never has to exist, and
-#    measure how different the result is from softmax attention.
+#    measure how different the result is from softmax attention. You write its causal form twice: as prefix sums,
+#    and as a recurrent network that carries one state from position to position.
 # 6. **The online softmax behind FlashAttention**: *exact* attention, keys taken block by block, never holding
 #    the $n \times n$ matrix. It saves memory traffic, not arithmetic.
 # 7. **All of them side by side**, with PyTorch's fused `scaled_dot_product_attention` measured on the CPU.
 #
-# Six exercises are autograded: `sliding_window_mask`, `dilated_mask`, `global_token_mask`, `receptive_field`,
-# `causal_linear_attention` and `online_softmax_step`.
+# Eight exercises are autograded: `sliding_window_mask`, `dilated_mask`, `global_token_mask`, `receptive_field`,
+# `banded_attention`, `causal_linear_attention`, `recurrent_linear_attention` and `online_softmax_step`. Together
+# they take about 150 minutes; `banded_attention`, the longest, about 40 of them. When your answer passes its check,
+# the rest of the chapter runs on it: the cost curves time your banded attention and measure the memory of your
+# recurrent form.
 #
 # The patterns follow Simon J. D. Prince, *Understanding Deep Learning* (MIT Press, 2023), section 12.9, and the
 # papers that introduced them: Child et al., "Generating Long Sequences with Sparse Transformers" (2019); Beltagy
@@ -52,11 +56,13 @@ from transformer_lib.attention import scaled_dot_product_attention, softmax
 from transformer_lib.checks import exercise_summary, yours_or_reference
 from transformer_lib.claims import claim
 from transformer_lib.checks.ch11 import (
+    check_banded_attention,
     check_causal_linear_attention,
     check_dilated_mask,
     check_global_token_mask,
     check_online_softmax_step,
     check_receptive_field,
+    check_recurrent_linear_attention,
     check_sliding_window_mask,
 )
 from transformer_lib.diagrams.ch11 import draw_interaction_patterns, draw_online_softmax
@@ -205,8 +211,9 @@ plt.show()
 # Watch for: the window's last neighbour left out (`<` instead of `<=`), the causal band on the future side, and
 # `causal` ignored.
 #
-# <details><summary>Hint 1 — the idea</summary>Everything depends on one number per cell, the offset <code>j - i</code> (how far the key lies after the query). The symmetric window keeps small offsets on both sides; the causal one keeps the offsets from <code>-window</code> to <code>0</code>.</details>
-# <details><summary>Hint 2 — the plan</summary>Build the <code>[size, size]</code> matrix of offsets by broadcasting a row of positions against a column of positions: <code>offset = torch.arange(size)[None, :] - torch.arange(size)[:, None]</code>. Then one comparison (or two, joined with <code>&amp;</code>) gives the boolean mask. Print it for size 5 and compare it with the worked example.</details>
+# <details><summary>Hint 1 — the idea</summary>Whether query i may see key j depends on one number only: the offset j − i, how far the key lies after the query (negative when it lies before). The symmetric window keeps the offsets from −window to +window; the causal one keeps those from −window to 0.</details>
+# <details><summary>Hint 2 — the plan</summary>Build the <code>[size, size]</code> integer matrix of offsets at once, by broadcasting a row of positions, shape <code>[1, size]</code>, against a column of positions, shape <code>[size, 1]</code>. The mask is then a comparison of that matrix with the bounds: one comparison of its absolute value for the symmetric window, two joined by a logical "and" for the causal one. Print yours for size 5 and hold it against the worked example.</details>
+# <details><summary>Hint 3 — one key expression</summary>With <code>pos</code> the positions 0 .. size − 1, the offsets are <code>pos[None, :] - pos[:, None]</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "sliding_window_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def sliding_window_mask(size: int, window: int, causal: bool = False) -> torch.Tensor:
@@ -263,8 +270,9 @@ for n in [1024, 2048, 4096]:
 # `tensor([False,  True, False,  True, False,  True, False])`: keys 1, 3 and 5, two steps apart.
 # Count the gaps from the query, not from position 0: every query must see itself.
 #
-# <details><summary>Hint 1 — the idea</summary>Start again from the offset <code>j - i</code>. Two conditions must both hold: the offset is a multiple of the dilation (it lands on the grid that moves with the query), and it is not farther than <code>window</code> grid steps.</details>
-# <details><summary>Hint 2 — the plan</summary>With the <code>[size, size]</code> offset matrix of exercise 1, the grid condition is a remainder: <code>offset % dilation == 0</code> (Python's <code>%</code> works for negative offsets too). The reach condition compares <code>offset.abs()</code> with the reach in positions, not in keys. Join them with <code>&amp;</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>Start again from the offset j − i. Two conditions must both hold: the offset lies on a grid that moves with the query (it is a multiple of the dilation), and it is not farther than <code>window</code> grid steps from the query.</details>
+# <details><summary>Hint 2 — the plan</summary>Reuse the <code>[size, size]</code> offset matrix of exercise 1. The grid condition is a remainder test: offset modulo dilation is zero (Python's remainder of a negative number by a positive one is never negative, so offsets on both sides work). The reach condition compares the offset's absolute value with the reach counted in positions, window times dilation, not in keys. The mask is where both hold.</details>
+# <details><summary>Hint 3 — one key expression</summary>The grid condition: <code>offset % dilation == 0</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "dilated_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def dilated_mask(size: int, window: int, dilation: int) -> torch.Tensor:
@@ -339,7 +347,8 @@ print("decoder version, row 6 (sees every earlier token):",
 # ```
 #
 # <details><summary>Hint 1 — the idea</summary>A global token is a two-way hub. If only its row were on, it would collect everything and give nothing back; if only its column were on, it would hand out what it never collected. Draw the matrix in four blocks: global–global, global–real, real–global, real–real.</details>
-# <details><summary>Hint 2 — the plan</summary>Start from a <code>[g + n, g + n]</code> boolean matrix of True (<code>torch.ones(..., dtype=torch.bool)</code>), then overwrite the real–real block, the bottom-right one, with <code>local_mask</code>, by slicing from row <code>g</code> and column <code>g</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>Start from a <code>[g + n, g + n]</code> boolean matrix that is True everywhere: that already gives the hubs their rows and their columns, and links them to each other. Only the bottom-right <code>[n, n]</code> block, the real tokens among themselves, must change: it becomes <code>local_mask</code>, copied in from row g and column g on.</details>
+# <details><summary>Hint 3 — one key expression</summary>The all-True start: <code>torch.ones(g + n, g + n, dtype=torch.bool)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "global_token_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def global_token_mask(local_mask: torch.Tensor, n_global: int) -> torch.Tensor:
@@ -399,7 +408,7 @@ for name, mask in patterns.items():
 # "or" and "×" is "and". $L$ layers give the boolean matrix power $M^L$.
 #
 # ### Exercise 4 — `receptive_field`
-# > **Difficulty** ●●○ · **Importance** ●●○ · about 10 minutes
+# > **Difficulty** ●●○ · **Importance** ●●○ · about 15 minutes
 #
 # Write `receptive_field(mask, n_layers)`: `mask` is a boolean `[n, n]` (or `[..., n, n]`) pattern used by every
 # layer; return a boolean tensor of the same shape, True where input position $j$ can influence output position $i$
@@ -409,7 +418,8 @@ for name, mask in patterns.items():
 # `receptive_field(sliding_window_mask(5, 1), 2)` equals `sliding_window_mask(5, 2)`.
 #
 # <details><summary>Hint 1 — the idea</summary>One more layer on top: output i reads the positions k its mask allows, and each of those already reached some inputs j. So the new reach is "mask times old reach". Start from the reach of zero layers: each position reaches only itself.</details>
-# <details><summary>Hint 2 — the plan</summary>PyTorch has no matrix product for booleans: turn both into floats, multiply, and turn the counts back into booleans, <code>(a.float() @ b.float()) &gt; 0</code>. Loop <code>n_layers</code> times, starting from <code>torch.eye(n, dtype=torch.bool)</code>. Every layer uses the same mask, and powers of one matrix commute, so <code>mask @ reach</code> and <code>reach @ mask</code> give the same result; what must not happen is a transpose, since row i is the output and column j the input.</details>
+# <details><summary>Hint 2 — the plan</summary>Keep a boolean reach matrix of the mask's shape, <code>[..., n, n]</code>, starting from the identity (zero layers), and replace it <code>n_layers</code> times by "mask times reach" in the boolean sense. PyTorch's matrix product does not take booleans: multiply as floats, then turn the path counts back into booleans by asking which are positive. Powers of one matrix commute, so the order of the two factors does not matter; a transpose does, since row i is the output and column j the input.</details>
+# <details><summary>Hint 3 — one key expression</summary>One layer more: <code>(mask.float() @ reach.float()) &gt; 0</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "receptive_field", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def receptive_field(mask: torch.Tensor, n_layers: int) -> torch.Tensor:
@@ -493,48 +503,123 @@ plt.show()
 # computation itself must skip the hidden pairs.
 #
 # For a window this is simple, because the pattern is a band. Cut the queries into blocks of $b$ consecutive
-# positions. Every key that a block's band can reach lies between $w$ positions before the block and $w$ positions
-# after it: a span of $b + 2w$ keys. So score each block of queries against its span only: $n / b$ small products of
+# positions. The block that starts at position $s$ holds the queries $s \dots s + b - 1$, and every key their band
+# can reach lies between $s - w$ and $s + b - 1 + w$ (in a decoder, $s + b - 1$): a **span** of at most $b + 2w$
+# keys. So score each block of queries against its span only: $n / b$ small products of
 # $[b, d] \times [d, b + 2w]$ instead of one $[n, d] \times [d, n]$. With $b = w$ that is $3 n w$ scores instead of
-# $n^2$. Longformer's own implementation calls this "sliding chunks". The library's `banded_attention` does it with
-# `Tensor.unfold`, which cuts the (padded) keys into overlapping spans without copying them.
+# $n^2$. Longformer's own implementation calls this "sliding chunks".
 #
+# A span is a rectangle and the band is not: the first query of a block cannot see the last $b - 1$ keys of its
+# span, the last query cannot see the first $b - 1$. So each block still needs a mask, a small one of shape
+# $[b, \text{span}]$, built from the *real* positions of its queries and keys, exactly as `sliding_window_mask`
+# builds the big one.
+#
+# ### Exercise 5 — `banded_attention`
+# > **Difficulty** ●●● · **Importance** ●●● · about 40 minutes
+#
+# Write `banded_attention(q, k, v, window, causal=False)`: self-attention in which query $i$ sees key $j$ when
+# $|i - j| \le$ `window` (with `causal=True`, when $0 \le i - j \le$ `window`). The result is the same as dense
+# attention under your `sliding_window_mask`, scores scaled by $1/\sqrt{d_k}$ as usual, but it is computed block by
+# block, so that no tensor with $n \times n$ entries ever exists.
+#
+# * `q`, `k`: `[..., n, d_k]`; `v`: `[..., n, d_v]` (any leading batch and head dimensions); returns `[..., n, d_v]`.
+# * Take the queries in blocks of `max(window, 16)` (the last block may be shorter). Any block size gives the same
+#   result; this one is the library's, and it keeps the loop short when the window is small.
+# * The check also runs your function on a sequence of 2,048 tokens and refuses an answer that allocates a tensor
+#   of $n \times n$ entries there: the whole score matrix, or a mask of the whole sequence.
+#
+# Worked example: with `window = 1` and blocks of 2 queries (too small for real use, but easy to draw), the block of
+# queries 2 and 3 spans the keys 1 to 4, and its mask is
+# ```
+#             key 1   key 2   key 3   key 4
+# query 2:    True    True    True    False
+# query 3:    False   True    True    True
+# ```
+# The first block, queries 0 and 1, spans only the keys 0 to 2: there is no key before position 0. If you pad the
+# keys instead, so that every span has the same length, remember that the padding positions are not keys: hide
+# them in the mask too.
+#
+# <details><summary>Hint 1 — the idea</summary>Treat each block as a small attention problem of its own: its queries against the keys of its span, the span clamped to the real positions 0 .. n − 1. The band is then a small mask over that rectangle, computed from the offsets j − i of the real positions, not of the positions inside the block. A block's output is exactly the rows of the full answer for its queries, so the blocks' outputs only need to be joined.</details>
+# <details><summary>Hint 2 — the plan</summary>Loop over the block starts. For each block: the queries <code>[..., b, d_k]</code>, the keys <code>[..., span, d_k]</code> and values <code>[..., span, d_v]</code> of its span; the scaled scores <code>[..., b, span]</code>; a <code>[b, span]</code> grid of offsets, key position minus query position, and from it the band test; the scores outside the band set to minus infinity before the softmax over the keys; the weighted values <code>[..., b, d_v]</code>. Collect the blocks' outputs and join them along the sequence axis into <code>[..., n, d_v]</code>.</details>
+# <details><summary>Hint 3 — one key expression</summary>With <code>pos</code> the positions 0 .. n − 1, a block of queries <code>start .. end − 1</code> and a span of keys <code>lo .. hi − 1</code>, the offsets are <code>pos[None, lo:hi] - pos[start:end, None]</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "banded_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
+                     causal: bool = False) -> torch.Tensor:
+    """Self-attention of each query over the keys at most `window` positions away (causal: only the
+    keys before it), computed block by block so that no n x n tensor ever exists.
+
+    q, k: [..., n, d_k]; v: [..., n, d_v]. Returns [..., n, d_v].
+    """
+    ### BEGIN SOLUTION
+    n = q.shape[-2]
+    b = max(window, 16)  # queries per block
+    right = 0 if causal else window  # how far after itself a query may look
+    pos = torch.arange(n)
+    blocks = []
+    for start in range(0, n, b):
+        end = min(start + b, n)
+        lo, hi = max(0, start - window), min(n, end + right)  # the span of keys this block's band reaches
+        scores = q[..., start:end, :] @ k[..., lo:hi, :].transpose(-2, -1) / math.sqrt(q.shape[-1])  # [..., b, span]
+        offset = pos[None, lo:hi] - pos[start:end, None]  # [b, span]: j - i, in real positions
+        in_band = (offset >= -window) & (offset <= right)
+        weights = torch.softmax(scores.masked_fill(~in_band, float("-inf")), dim=-1)  # [..., b, span]
+        blocks.append(weights @ v[..., lo:hi, :])  # [..., b, d_v]
+    return torch.cat(blocks, dim=-2)  # [..., n, d_v]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "banded_attention_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_banded_attention(banded_attention)
+### BEGIN HIDDEN TESTS
+check_banded_attention(banded_attention, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+banded_attention_impl = yours_or_reference(banded_attention, check_banded_attention)
+
+# %% [markdown]
 # Same result as dense attention under the window's mask (built with your `sliding_window_mask`), encoder and
-# decoder:
+# decoder, and a count of the scores each computes:
 
 # %%
 n, w = 1024, 32
 q, k, v = random_qkv(n, seed=4)
 for causal in (False, True):
     dense_out, _ = scaled_dot_product_attention(q, k, v, mask=sliding_window_mask_impl(n, w, causal=causal))
-    banded_out = sparse.banded_attention(q, k, v, w, causal=causal)
+    banded_out = banded_attention_impl(q, k, v, w, causal=causal)
     print(f"causal={causal!s:<5}: output {list(banded_out.shape)}, equal to dense attention under the mask "
           f"(to 1e-5): {torch.allclose(banded_out, dense_out, atol=1e-5)}")
-b = max(w, 16)  # the block size banded_attention chooses
+b = max(w, 16)  # the block size of the exercise
 computed, in_band = (n // b) * b * (b + 2 * w), int(sliding_window_mask_impl(n, w).sum())
-print(f"scores computed: dense {n * n:,}, banded {computed:,} (n / b blocks of b x (b + 2w)), "
+print(f"scores computed: dense {n * n:,}, banded at most {computed:,} (n / b blocks of b x (b + 2w)), "
       f"of which in the band {in_band:,}: {computed / in_band:.1f} x the band")
 
 # %% [markdown]
 # Banded attention computes about $1.5\times$ more scores than the band holds (the corners of each block's span
-# fall outside the band), but that overhead is a constant factor: double $n$ and the work doubles. Measured, with a
-# window of 64 on each side:
+# fall outside the band), but that overhead is a constant factor: double $n$ and the work doubles. Measured, your
+# `banded_attention` (or the reference, if yours does not pass yet) with a window of 64 on each side:
 
 # %% tags=["nbval-ignore-output", "timing"]
 measured["banded"] = ({}, {})
 for n in SIZES:
     q, k, v = random_qkv(n)
     seconds, memory = measured["banded"]
-    seconds[n] = best_time(lambda: sparse.banded_attention(q, k, v, 64))
-    memory[n] = sparse.peak_memory(sparse.banded_attention, q, k, v, 64)
-    print(f"n = {n:>5}: {1e3 * seconds[n]:>7.1f} ms, peak {memory[n] / 2**20:>6.1f} MiB "
+    seconds[n] = best_time(lambda: banded_attention_impl(q, k, v, 64))
+    memory[n] = sparse.peak_memory(banded_attention_impl, q, k, v, 64)
+    print(f"n = {n:>5}: {1e3 * seconds[n]:>7.1f} ms, peak {memory[n] / 2**20:>6.2f} MiB "
           f"(dense: {1e3 * measured['dense'][0][n]:>7.1f} ms, {measured['dense'][1][n] / 2**20:>6.1f} MiB)")
 print(f"\nfitted on n >= 1024: time slope {loglog_slope(seconds):.2f}, memory slope {loglog_slope(memory):.2f}")
 
 # %% [markdown]
-# Both slopes are close to 1 now: doubling the length doubles the cost. At small $n$ dense attention is as fast
-# or faster (one big matrix product beats many small ones), and the band only wins once $n$ is several times
-# $w$. The benchmark script `benchmarks/bench_long_attention.py` continues to $n = 16{,}384$.
+# The time slope is close to 1 now: doubling the length doubles the work. The memory grows no faster than $n$
+# either: the output and its blocks, $n \times d_v$ numbers each, plus the temporaries of one block, whose size does
+# not depend on $n$ at all (that fixed part is why the memory slope can come out below 1). At small $n$ dense
+# attention is as fast or faster (one big matrix product beats many small ones and a Python loop), and the band only
+# wins once $n$ is several times $w$. The library's `banded_attention` does the same arithmetic without the Python
+# loop: it cuts the padded keys into overlapping spans with `Tensor.unfold`, a view that copies nothing, and scores
+# many blocks in one product. The benchmark script `benchmarks/bench_long_attention.py` times it up to
+# $n = 16{,}384$.
 
 # %% [markdown]
 # ## 5. Linear attention
@@ -569,10 +654,11 @@ print(f"largest intermediate: n x n = {512 * 512:,} numbers the slow way, d x d_
 # sequence is a **prefix sum**, `torch.cumsum`. Read one step at a time, it is a recurrent network whose state is
 # $(S_i, z_i)$: that is the "Transformers are RNNs" of the paper's title. Generating a token updates a state of fixed
 # size $d \times d_v$, where softmax attention's KV cache (chapter 07) grows with every token. (The prefix sums you
-# are about to write compute every $S_i$ at once and keep them all; after the exercise we count what that costs.)
+# are about to write compute every $S_i$ at once and keep them all; the exercise after this one writes the
+# recurrent form, and then we count what each costs.)
 #
-# ### Exercise 5 — `causal_linear_attention`
-# > **Difficulty** ●●● · **Importance** ●●○ · about 20 minutes
+# ### Exercise 6 — `causal_linear_attention`
+# > **Difficulty** ●●● · **Importance** ●●○ · about 25 minutes
 #
 # Write `causal_linear_attention(q, k, v)` with $\phi(x) = \mathrm{elu}(x) + 1$ (`F.elu(x) + 1`):
 # $o_i = \phi(q_i)^\top S_i \,/\, \phi(q_i)^\top z_i$ with $S_i = \sum_{j \le i} \phi(k_j) v_j^\top$ and
@@ -585,7 +671,8 @@ print(f"largest intermediate: n x n = {512 * 512:,} numbers the slow way, d x d_
 # mean of the values $v_0 \dots v_i$: for `v = [[1.], [2.], [6.]]` the output is `[[1.0], [1.5], [3.0]]`.
 #
 # <details><summary>Hint 1 — the idea</summary>Form the outer product φ(k_j) v_jᵀ for every position j, a <code>[d_k, d_v]</code> matrix each, then take running sums along the sequence so that position i holds the sum over j ≤ i (itself included). Do the same for φ(k_j) to get the normaliser.</details>
-# <details><summary>Hint 2 — the plan</summary>All outer products at once: <code>phi_k.unsqueeze(-1) * v.unsqueeze(-2)</code> is <code>[..., n, d_k, d_v]</code>. The running sums go along the sequence axis, which is dim -3 of that tensor and dim -2 of the <code>[..., n, d_k]</code> normaliser. The numerator pairs φ(q_i), as <code>[..., n, 1, d_k]</code>, with S_i <code>[..., n, d_k, d_v]</code>; keep the denominator as <code>[..., n, 1]</code> so that it divides every value feature.</details>
+# <details><summary>Hint 2 — the plan</summary>All the outer products at once make one <code>[..., n, d_k, d_v]</code> tensor: φ(k) with a new axis at the end times v with a new axis before its last one. The running sums go along the sequence axis, the third from the end of that tensor and the second from the end of the <code>[..., n, d_k]</code> normaliser. For the numerator, treat φ(q_i) as a row <code>[1, d_k]</code> times S_i <code>[d_k, d_v]</code>, for every position at once; keep the denominator as <code>[..., n, 1]</code> so that it divides every value feature.</details>
+# <details><summary>Hint 3 — one key expression</summary>Every S_i at once: <code>(phi_k.unsqueeze(-1) * v.unsqueeze(-2)).cumsum(dim=-3)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "causal_linear_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -638,47 +725,89 @@ print("outputs 0..199 unchanged when positions 200.. change:", torch.equal(ours[
 # value sizes. They write the gradients as cumulative sums as well, so that neither pass has to store the $S_i$,
 # and at generation time their model keeps only $S$ and $z$ (their section 3.4).
 #
-# The recurrent form is a loop over positions carrying one $S$ and one $z$: add $\phi(k_i) v_i^\top$ and
-# $\phi(k_i)$, read out position $i$, move on. It is the same arithmetic, position after position, so the outputs
-# agree up to rounding. A Python loop of $n$ small steps is slow, but it never holds more than one state:
+# The **recurrent form** does the same arithmetic position after position and keeps one state only. It is how a
+# linear-attention decoder generates text: each new token updates $S$ and $z$ and reads its output from them, and
+# the memory never grows, where softmax attention's KV cache grows with every token.
+#
+# ### Exercise 7 — `recurrent_linear_attention`
+# > **Difficulty** ●●○ · **Importance** ●●○ · about 20 minutes
+#
+# Write `recurrent_linear_attention(q, k, v)`: the same output as `causal_linear_attention` (to 1e-5), computed
+# as a recurrent network. Keep one state $S$ of shape `[..., d_k, d_v]` and one normaliser $z$ of shape `[..., d_k]`,
+# both zero at the start, and go through the positions in order. At position $i$, first add $\phi(k_i) v_i^\top$ to
+# $S$ and $\phi(k_i)$ to $z$ (position $i$ attends to its own key), then read its output
+# $o_i = \phi(q_i)^\top S \,/\, \phi(q_i)^\top z$. The feature map is $\phi(x) = \mathrm{elu}(x) + 1$ as before.
+#
+# * `q`, `k`: `[..., n, d_k]`; `v`: `[..., n, d_v]`; returns `[..., n, d_v]`.
+# * One state, not one per position: the check also runs your function on 256 positions and refuses an answer that
+#   allocates a tensor of $n \times d_k \times d_v$ entries there (the prefix sums of exercise 6) or of $n \times n$.
+#
+# Worked example: exercise 6's, one step at a time. With `q` and `k` all zeros, $\phi = 1$; for
+# `v = [[1.], [2.], [6.]]` and $d_k = 1$, the state $S$ goes 1, 3, 9 and $z$ goes 1, 2, 3, so the outputs are
+# 1, 1.5 and 3.
+#
+# <details><summary>Hint 1 — the idea</summary>This is exercise 6 read one position at a time: the running totals S_i and z_i are not stored for every i, they are one pair of tensors that grows by one term per step. Because position i must see key i, the term of position i goes in before position i reads.</details>
+# <details><summary>Hint 2 — the plan</summary>Before the loop: the features φ(q) and φ(k), <code>[..., n, d_k]</code>, and the zero state S <code>[..., d_k, d_v]</code> and z <code>[..., d_k]</code>, in the inputs' dtype and with their leading dimensions. In the loop over the positions: the outer product of φ(k_i) <code>[..., d_k]</code> and v_i <code>[..., d_v]</code> added to S, φ(k_i) added to z; then the output of position i, <code>[..., d_v]</code>, from φ(q_i), S and z. After the loop, stack the n outputs along the sequence axis.</details>
+# <details><summary>Hint 3 — one key expression</summary>Position i's term of S, a <code>[..., d_k, d_v]</code> outer product: <code>phi_k[..., i, :, None] * v[..., i, None, :]</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "recurrent_linear_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def recurrent_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal linear attention as a recurrent network: one state S [..., d_k, d_v] and one normaliser
+    z [..., d_k], carried from position to position. q, k: [..., n, d_k]; v: [..., n, d_v].
+    Returns [..., n, d_v].
+    """
+    ### BEGIN SOLUTION
+    phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1  # [..., n, d_k]
+    S = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])  # [..., d_k, d_v]: all of the past it keeps
+    z = q.new_zeros(*q.shape[:-2], q.shape[-1])  # [..., d_k]
+    outputs = []
+    for i in range(q.shape[-2]):
+        S = S + phi_k[..., i, :, None] * v[..., i, None, :]  # position i first adds its own key ...
+        z = z + phi_k[..., i, :]
+        numerator = (phi_q[..., i, None, :] @ S).squeeze(-2)  # ... then reads: [..., d_v]
+        outputs.append(numerator / (phi_q[..., i, :] * z).sum(dim=-1, keepdim=True))
+    return torch.stack(outputs, dim=-2)  # [..., n, d_v]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "recurrent_linear_attention_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_recurrent_linear_attention(recurrent_linear_attention)
+### BEGIN HIDDEN TESTS
+check_recurrent_linear_attention(recurrent_linear_attention, hidden=True)
+### END HIDDEN TESTS
 
 # %%
-def recurrent_linear_attention(q, k, v):
-    """Causal linear attention as an RNN: one state (S, z), updated position by position.
-    q, k: [..., n, d_k]; v: [..., n, d_v]. Returns [..., n, d_v]."""
-    phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1  # [..., n, d_k]
-    S = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])  # [..., d_k, d_v]: all the past it keeps
-    z = q.new_zeros(*q.shape[:-2], q.shape[-1])  # [..., d_k]
-    out = v.new_empty(*q.shape[:-1], v.shape[-1])  # [..., n, d_v]
-    for i in range(q.shape[-2]):
-        S += phi_k[..., i, :, None] * v[..., i, None, :]  # + phi(k_i) v_i^T, in place: no new state
-        z += phi_k[..., i, :]
-        out[..., i, :] = (phi_q[..., i, None, :] @ S).squeeze(-2) / (phi_q[..., i, :] * z).sum(-1, keepdim=True)
-    return out
+recurrent_linear_attention_impl = yours_or_reference(recurrent_linear_attention, check_recurrent_linear_attention)
 
+# %% [markdown]
+# The two forms side by side at $n = 4{,}096$, $d = d_v = 64$: the same outputs, and the memory each holds at its
+# peak (counted by `sparse.peak_memory`, in bytes), with your functions or the references:
 
+# %%
 n = 4096
 q, k, v = random_qkv(n, seed=6)
-print("recurrent form == your prefix sums (to 1e-5):",
-      torch.allclose(recurrent_linear_attention(q, k, v), causal_linear_attention_impl(q, k, v), atol=1e-5))
+prefix_out, recurrent_out = causal_linear_attention_impl(q, k, v), recurrent_linear_attention_impl(q, k, v)
+print("recurrent form == prefix sums (to 1e-5):", torch.allclose(recurrent_out, prefix_out, atol=1e-5))
 print(f"S_i for every position, [n, d, d_v] float32: {n * D * D * 4:>11,} bytes "
       f"(one dense n x n float32 matrix: {n * n * 4:,} bytes)")
 print(f"one state, S [d, d_v] and z [d]:            {(D * D + D) * 4:>11,} bytes")
-prefix_peak = sparse.peak_memory(sparse.causal_linear_attention, q, k, v)
-recurrent_peak = sparse.peak_memory(recurrent_linear_attention, q, k, v)
-features = n * D * 4  # one [n, 64] float32 tensor
+features = n * D * 4  # one [n, 64] float32 tensor: phi(Q), phi(K) or the output
+prefix_peak = sparse.peak_memory(causal_linear_attention_impl, q, k, v)
+recurrent_peak = sparse.peak_memory(recurrent_linear_attention_impl, q, k, v)
 print(f"\npeak memory of one call at n = {n}:")
-print(f"  prefix sums: {prefix_peak:>11,} bytes = 2 x {n * D * D * 4:,} (the outer products and their running sums)"
-      f" + {prefix_peak - 2 * n * D * D * 4:,}")
-print(f"  recurrent:   {recurrent_peak:>11,} bytes = 3 x {features:,} (phi(Q), phi(K), the output)"
-      f" + {recurrent_peak - 3 * features:,}")
+print(f"  prefix sums: {prefix_peak:>11,} bytes = {prefix_peak / features:6.1f} x one [n, d] tensor")
+print(f"  recurrent:   {recurrent_peak:>11,} bytes = {recurrent_peak / features:6.1f} x one [n, d] tensor")
+claim(recurrent_peak * 16 < prefix_peak,
+      "the recurrent form holds less than a sixteenth of the memory the prefix sums hold",
+      measured=f"{recurrent_peak:,} and {prefix_peak:,} bytes")
 
 # %% [markdown]
-# The prefix sums peak at two `[n, d, d_v]` tensors plus the features $\phi(Q)$ and $\phi(K)$. The recurrent loop
-# holds $\phi(Q)$, $\phi(K)$ and the output, $n \times d$ numbers each, and beyond them only the state and one outer
-# product, $2 \cdot d \cdot d_v + d$ numbers, whatever $n$ is. In a real implementation the loop runs inside one
-# compiled kernel instead of $n$ Python steps (Katharopoulos et al. implemented their constant-memory version in
-# CUDA); the course keeps the prefix sums for the exercise because they read like the formula.
+# Read the peaks in units of one `[n, d]` tensor. The prefix sums need about $2 d_v$ of them: the outer products and
+# their running sums, each `[n, d, d_v]`, plus the features. The recurrent form needs a handful: the features
+# $\phi(Q)$ and $\phi(K)$, the outputs (as they are collected, and once more stacked), and beyond them only the state
+# and one outer product, $2 \cdot d \cdot d_v + d$ numbers, whatever $n$ is. Its cost is time: a Python loop of $n$
+# small steps. In a real implementation the loop runs inside one compiled kernel (Katharopoulos et al. implemented
+# their constant-memory version in CUDA), and during generation there is no loop at all: one step per new token.
 
 # %% [markdown]
 # ### How far is linear attention from softmax attention?
@@ -819,8 +948,8 @@ print("online: exp(row - m) / l =", torch.exp(row - m) / l)
 print("softmax(row)             =", softmax(row, dim=-1))
 
 # %% [markdown]
-# ### Exercise 6 — `online_softmax_step`
-# > **Difficulty** ●●● · **Importance** ●●● · about 15 minutes
+# ### Exercise 8 — `online_softmax_step`
+# > **Difficulty** ●●● · **Importance** ●●● · about 20 minutes
 #
 # Write `online_softmax_step(m, l, acc, scores, v_block)`: fold one block of keys into the running state and
 # return the new `(m, l, acc)`.
@@ -834,7 +963,8 @@ print("softmax(row)             =", softmax(row, dim=-1))
 # multiplied by $e^{2-4} = 0.1353$ before the new terms $e^{0} = 1$ and $e^{-3} = 0.0498$ are added.
 #
 # <details><summary>Hint 1 — the idea</summary>Three steps: the new maximum covers the old one and this block; a rescale factor brings the old sums from the old maximum to the new one (it is at most 1, and exactly 0 at the start); then this block's exponentials, taken relative to the new maximum, are added to both sums.</details>
-# <details><summary>Hint 2 — the plan</summary>Every quantity keeps the query axis: the new maximum is <code>torch.maximum(m, scores.amax(dim=-1, keepdim=True))</code>, <code>[..., L_q, 1]</code>. Then <code>exp(m - m_new)</code> is <code>[..., L_q, 1]</code>, <code>exp(scores - m_new)</code> is <code>[..., L_q, B]</code>, and a matrix product with <code>v_block</code> gives the block's contribution to <code>acc</code>, <code>[..., L_q, d_v]</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>Every quantity keeps the query axis. The new maximum, <code>[..., L_q, 1]</code>, is the larger of the old one and this block's largest score. The rescale factor, the exponential of the old maximum minus the new one, is <code>[..., L_q, 1]</code>. This block's exponentials, taken relative to the new maximum, are <code>[..., L_q, B]</code>: their sum over the keys goes into l, their product with the block's values, <code>[..., L_q, d_v]</code>, into acc, each after the old l and acc were multiplied by the rescale factor.</details>
+# <details><summary>Hint 3 — one key expression</summary>The running maximum: <code>torch.maximum(m, scores.amax(dim=-1, keepdim=True))</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "online_softmax_step", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def online_softmax_step(m, l, acc, scores, v_block):
@@ -889,15 +1019,16 @@ print(f"largest score matrix held: [300, 64] = {300 * 64:,} numbers, not [300, 3
 # machine is the memory: one block of $n \times B$ scores at a time (and temporaries of that size), never
 # $n \times n$. Any difference in speed comes from memory traffic, the very thing FlashAttention optimises: the
 # readable dense path streams four $n \times n$ matrices through main memory, while a block of scores is $n / B$
-# times smaller and more likely to stay in the processor's cache. Measured, with blocks of 256 keys:
+# times smaller and more likely to stay in the processor's cache. Measured, with blocks of 256 keys and your
+# `online_softmax_step` (or the reference) folding them in:
 
 # %% tags=["nbval-ignore-output", "timing"]
 measured["online"] = ({}, {})
 for n in SIZES:
     q, k, v = random_qkv(n)
     seconds, memory = measured["online"]
-    seconds[n] = best_time(lambda: sparse.online_softmax_attention(q, k, v, 256))
-    memory[n] = sparse.peak_memory(sparse.online_softmax_attention, q, k, v, 256)
+    seconds[n] = best_time(lambda: sparse.online_softmax_attention(q, k, v, 256, step=online_softmax_step_impl))
+    memory[n] = sparse.peak_memory(sparse.online_softmax_attention, q, k, v, 256, step=online_softmax_step_impl)
     print(f"n = {n:>5}: {1e3 * seconds[n]:>7.1f} ms, peak {memory[n] / 2**20:>6.1f} MiB "
           f"(dense: {1e3 * measured['dense'][0][n]:>7.1f} ms, {measured['dense'][1][n] / 2**20:>6.1f} MiB)")
 print(f"\nfitted on n >= 1024: time slope {loglog_slope(seconds):.2f}, memory slope {loglog_slope(memory):.2f}")
@@ -977,19 +1108,21 @@ claim(abs(online_slope - 1) < 0.05 and fused_slope < min(0.9, others),
 # library's online softmax does not share that profile. Its memory grows with slope 1 (13.1 MiB at $n = 4{,}096$,
 # counted in bytes in section 6), because its Python loop tiles the keys only and every block spans all $n$
 # queries. Banded and linear attention are the only ones whose *time* grows linearly, because they compute less:
-# banded attention by dropping pairs, linear attention by changing what is computed.
+# banded attention by dropping pairs, linear attention by changing what is computed. (The banded curve is your
+# function's, when it passes; the others are the library's.)
 #
 # The same comparison as counts, exact for each method's algorithm ($d = d_v = 64$, window $w = 64$, block
 # $B = 256$):
 
 # %%
 def cost(method, n, d=D, w=64, block=256):
-    """(FLOPs of the products, numbers held in the largest score-like buffer) for one head."""
+    """(FLOPs of the products, numbers held in the largest score-like buffer) for one head. Banded: the
+    exercise's loop, one block of b queries against its b + 2w keys at a time."""
     if method == "dense":
         return 4 * n * n * d, n * n
     if method == "banded":
         b = max(w, 16)
-        return 4 * n * (b + 2 * w) * d, n * (b + 2 * w)
+        return 4 * n * (b + 2 * w) * d, b * (b + 2 * w)
     if method == "linear":
         return 4 * n * d * d, d * d
     if method == "online":
@@ -1014,11 +1147,13 @@ for method in ["dense", "banded", "linear", "online"]:
 #   front, rows and columns on). Longformer, Big Bird and the Sparse Transformer combine them.
 # * The **receptive field** after $L$ layers is the boolean power $M^L$: a window grows by $w$ per layer; strides and
 #   global tokens connect everything in two layers.
-# * **Banded attention** computes only the band, block by block: equal to dense attention under the window mask,
-#   with time and memory slopes near 1.
+# * **Banded attention**, which you wrote, computes only the band, block by block: each block of queries against
+#   the span of keys its band reaches, with a small mask built from the real positions. It equals dense attention
+#   under the window mask, its time grows with slope near 1, and no $n \times n$ tensor ever exists.
 # * **Linear attention** with $\phi = \mathrm{elu} + 1$ reorders $(\phi(Q)\phi(K)^\top)V$ as
 #   $\phi(Q)(\phi(K)^\top V)$: $O(n d^2)$. Its causal form is a prefix sum, which stores a $d \times d_v$ state per
-#   position; run as an RNN it keeps one. It is a different model, not an approximation of softmax attention (random
+#   position; run as an RNN, the recurrent form you wrote, it keeps one state $(S, z)$ and updates it before each
+#   read. It is a different model, not an approximation of softmax attention (random
 #   features, as in Performer, would approximate it): on random inputs its weights stay close to uniform where
 #   softmax attention is sharp, scaling a query does not sharpen them, and its weight matrix has rank at most $d$.
 # * The **online softmax** keeps a running maximum and sum and rescales when the maximum grows. It is exact, never
@@ -1040,7 +1175,8 @@ for method in ["dense", "banded", "linear", "online"]:
 
 # %%
 exercise_summary(check_sliding_window_mask, check_dilated_mask, check_global_token_mask, check_receptive_field,
-                 check_causal_linear_attention, check_online_softmax_step)
+                 check_banded_attention, check_causal_linear_attention, check_recurrent_linear_attention,
+                 check_online_softmax_step)
 
 # %% [markdown]
 # ## Glossary · 术语表
@@ -1056,9 +1192,11 @@ exercise_summary(check_sliding_window_mask, check_dilated_mask, check_global_tok
 # | global token | 全局 token | an extra token, standing for no word, connected to every token |
 # | receptive field | 感受野 | the inputs that can influence an output after $L$ layers |
 # | banded attention | 带状注意力 | the sliding window computed only inside the band, $O(n w)$ |
+# | block, span | 分块，键区间 | a run of consecutive queries, and the keys its band can reach |
 # | linear attention | 线性注意力 | similarity $\phi(q) \cdot \phi(k)$, computed as $\phi(Q)(\phi(K)^\top V)$ in $O(n)$ |
 # | feature map | 特征映射（核函数） | $\phi(x) = \mathrm{elu}(x) + 1$: positive features replacing $\exp$ |
 # | prefix sum | 前缀和 | running totals along the sequence (`cumsum`): the causal form of linear attention |
+# | recurrent form | 循环（RNN）形式 | the same sums carried as one state $(S, z)$, updated position by position |
 # | online softmax | 在线 softmax | softmax computed block by block with a running maximum and sum |
 # | FlashAttention | FlashAttention（IO 感知的精确注意力） | exact attention in on-chip blocks: less memory traffic, same FLOPs |
 # | fused kernel | 融合算子 | one GPU/CPU routine doing several steps without storing the intermediates |

@@ -1,12 +1,18 @@
 """Checkers for chapter 11, long sequences: the sliding-window, dilated and global-token masks,
-the receptive field of a stack of sparse layers, causal linear attention by prefix sums, and
-one step of the online softmax behind FlashAttention.
+the receptive field of a stack of sparse layers, banded attention computed block by block,
+causal linear attention by prefix sums and as one running state, and one step of the online
+softmax behind FlashAttention.
 
 Each checker compares a learner's function with the library (transformer_lib.sparse) on
 deterministic cases and knows the wrong answers learners often write: a window off by one, a
 causal band on the wrong side, gaps counted from position 0 instead of from the query, global
-tokens wired as rows only, a receptive field that never grows, a prefix sum that includes the
-future or leaves out the position itself, a running sum not rescaled when the maximum grows...
+tokens wired as rows only, a receptive field that never grows, a band whose blocks drop the
+keys of the previous block, a prefix sum that includes the future or leaves out the position
+itself, a recurrent state read before it is updated, a running sum not rescaled when the
+maximum grows... Two exercises are about cost, not only about numbers: banded attention must
+never allocate the n x n matrix and the recurrent form must never keep a state per position;
+their checkers watch the operators an answer runs on a long case (a TorchDispatchMode, as
+chapter 08's embedding lookup does) and refuse one that allocates that much.
 Properties name an error from a trait of the output (a band that is not symmetric, a position
 that cannot see itself, an output outside the range of the values it may see), so that two
 mistakes made at once are still diagnosed in the learner's terms.
@@ -18,11 +24,13 @@ import torch
 import torch.nn.functional as F
 
 from transformer_lib.sparse import (
+    banded_attention,
     causal_linear_attention,
     dilated_mask,
     global_token_mask,
     online_softmax_step,
     receptive_field,
+    recurrent_linear_attention,
     sliding_window_mask,
 )
 
@@ -580,7 +588,372 @@ check_receptive_field = Checker(
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 5: causal_linear_attention(q, k, v) -> [..., n, d_v], by prefix sums
+# Exercise 5: banded_attention(q, k, v, window, causal=False) -> [..., n, d_v], in blocks
+# ---------------------------------------------------------------------------------------
+
+
+def _largest_allocation(fn, *args, **kwargs):
+    """Run fn(*args, **kwargs); also return the most entries held by the storage of any tensor an
+    operator produced meanwhile. A view counts its base's storage (a slice of the n x n matrix
+    is still the n x n matrix held); an `expand` of a small tensor allocates nothing and counts
+    as small."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    largest = 0
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            nonlocal largest
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    try:
+                        size = t.untyped_storage().nbytes() // max(t.element_size(), 1)
+                    except Exception:
+                        size = t.numel()
+                    largest = max(largest, size)
+            return out
+
+    with Watch():
+        out = fn(*args, **kwargs)
+    return out, largest
+
+
+# The long case: 2,048 positions. An answer that allocates a tensor of n * n / 4 entries or more
+# there (the score matrix, or the band's mask, written out in full) gets this instead of its
+# output; blocks of a few hundred queries stay far below it.
+BANDED_LONG = 2048
+N_BY_N = {"__type__": "a tensor of n x n entries allocated on the 2,048-token case (the whole score matrix, "
+                      "or a mask of the whole sequence): banded attention must compute scores only inside each "
+                      "block's span of keys"}
+
+
+def _invoke_banded(fn, case: Case):
+    q = case.args[0]
+    if q.shape[-2] < BANDED_LONG:
+        return fn(*case.args, **case.kwargs)
+    out, largest = _largest_allocation(fn, *case.args, **case.kwargs)
+    n = q.shape[-2]
+    return N_BY_N if largest >= n * n // 4 else out
+
+
+def _banded_block(window):
+    """The block size the exercise asks for: `window` queries, at least 16."""
+    return max(window, 16)
+
+
+def _banded_cases() -> list[Case]:
+    g = seeded(1107)
+
+    def qkv(*batch, n, d_k, d_v=None, dtype=torch.float32, scale=1.0):
+        q, k = randn(g, *batch, n, d_k, dtype=dtype, scale=scale), randn(g, *batch, n, d_k, dtype=dtype, scale=scale)
+        # d_v None: the values are the identity, so that the output *is* the weight matrix and the
+        # properties can read which keys each query saw.
+        v = torch.eye(n, dtype=dtype).expand(*batch, n, n).clone() if d_v is None else randn(g, *batch, n, d_v,
+                                                                                             dtype=dtype)
+        return q, k, v
+
+    return [
+        Case("40 tokens, window 5, values = the identity (the output is the weight matrix)",
+             (*qkv(1, n=40, d_k=8), 5)),
+        Case("37 tokens, window 5, causal, values = the identity", (*qkv(1, n=37, d_k=8), 5), {"causal": True}),
+        Case("batch 2, heads 3, 20 tokens, d_k 4, d_v 3, window 2", (*qkv(2, 3, n=20, d_k=4, d_v=3), 2)),
+        Case("a long sequence: 2,048 tokens, window 4 (no n x n tensor allowed)",
+             (*qkv(1, n=BANDED_LONG, d_k=4, d_v=4), 4)),
+        Case("50 tokens, window 6, values = the identity", (*qkv(1, n=50, d_k=8), 6), hidden=True),
+        Case("45 tokens, window 7, causal, values = the identity", (*qkv(n=45, d_k=8), 7), {"causal": True},
+             hidden=True),
+        Case("float64, 33 tokens, window 6, causal", (*qkv(2, n=33, d_k=5, d_v=3, dtype=torch.float64), 6),
+             {"causal": True}, hidden=True),
+        Case("window 0: each token sees only itself", (*qkv(1, n=10, d_k=4, d_v=2), 0), hidden=True),
+        Case("window 20 wider than the sequence (12 tokens)", (*qkv(2, n=12, d_k=4, d_v=3), 20), hidden=True),
+        Case("one token", (*qkv(1, n=1, d_k=4, d_v=2), 3), hidden=True),
+        Case("large scores (queries and keys scaled by 3), d_k 16", (*qkv(1, n=30, d_k=16, d_v=4, scale=3.0), 4),
+             hidden=True),
+        Case("a long sequence, causal: 2,048 tokens, window 8", (*qkv(1, n=BANDED_LONG, d_k=4, d_v=2), 8),
+             {"causal": True}, hidden=True),
+    ]
+
+
+def _blocked(q, k, v, left, right, block, drop_previous=False, scale=True):
+    """Attention of query i over keys i - left .. i + right, the queries taken `block` at a time,
+    each block scored against the span of keys its band reaches (no n x n tensor). With
+    drop_previous the span starts at the block's first query: the previous block's keys are lost."""
+    n = q.shape[-2]
+    pos = torch.arange(n)
+    outs = []
+    for start in range(0, n, block):
+        end = min(start + block, n)
+        lo = start if drop_previous else max(0, start - max(left, 0))
+        hi = min(n, end + max(right, 0))
+        scores = q[..., start:end, :] @ k[..., lo:hi, :].transpose(-2, -1)  # [..., b, span]
+        if scale:
+            scores = scores / math.sqrt(q.shape[-1])
+        offset = pos[None, lo:hi] - pos[start:end, None]  # [b, span]: j - i
+        visible = (offset >= -left) & (offset <= right)
+        outs.append(torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1) @ v[..., lo:hi, :])
+    return torch.cat(outs, dim=-2)  # [..., n, d_v]
+
+
+def _band_right(window, causal):
+    return 0 if causal else window
+
+
+def _band_off_by_one(q, k, v, window, causal=False):
+    return _blocked(q, k, v, window - 1, 0 if causal else window - 1, _banded_block(window))
+
+
+def _band_whole_width(q, k, v, window, causal=False):
+    half = window // 2
+    return _blocked(q, k, v, half, _band_right(half, causal), _banded_block(window))
+
+
+def _band_causal_ignored(q, k, v, window, causal=False):
+    return _blocked(q, k, v, window, window, _banded_block(window))
+
+
+def _band_previous_block_dropped(q, k, v, window, causal=False):
+    return _blocked(q, k, v, window, _band_right(window, causal), _banded_block(window), drop_previous=True)
+
+
+def _band_not_scaled(q, k, v, window, causal=False):
+    return _blocked(q, k, v, window, _band_right(window, causal), _banded_block(window), scale=False)
+
+
+def _band_padding_not_masked(q, k, v, window, causal=False):
+    """Keys padded with `window` zeros on each side (one on the left only when causal), every
+    query scored against its whole padded span: the padding keys get score 0 and a share of the
+    softmax, and give nothing back (their values are 0)."""
+    right = _band_right(window, causal)
+    span = window + right + 1
+    k_pad = F.pad(k, (0, 0, window, right))  # [..., n + window + right, d_k]
+    v_pad = F.pad(v, (0, 0, window, right))
+    k_span = k_pad.unfold(-2, span, 1)  # [..., n, d_k, span]: a view
+    v_span = v_pad.unfold(-2, span, 1).transpose(-2, -1)  # [..., n, span, d_v]
+    scores = (q.unsqueeze(-2) @ k_span).squeeze(-2) / math.sqrt(q.shape[-1])  # [..., n, span]
+    return (torch.softmax(scores, dim=-1).unsqueeze(-2) @ v_span).squeeze(-2)  # [..., n, d_v]
+
+
+def _band_dense(q, k, v, window, causal=False):
+    """The right numbers the quadratic way: every score, then the band's mask."""
+    n = q.shape[-2]
+    offset = _offsets(n)
+    band = (offset >= -window) & (offset <= _band_right(window, causal))  # [n, n]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [..., n, n]
+    return torch.softmax(scores.masked_fill(~band, float("-inf")), dim=-1) @ v
+
+
+_TINY = 1e-9  # a weight above this is "seen"
+
+
+def _band_weights(case, actual):
+    """For a case whose values are the identity: (the weight matrix [n, n] of the first batch
+    entry, as the learner's output gives it, window, causal); else None."""
+    q, _, v, window = case.args
+    n = q.shape[-2]
+    if v.shape[-1] != n or not torch.equal(v.reshape(-1, n, n)[0], torch.eye(n, dtype=v.dtype)):
+        return None
+    if not isinstance(actual, torch.Tensor) or not actual.is_floating_point() or actual.shape != v.shape:
+        return None
+    return actual.reshape(-1, n, n)[0].double(), window, _causal(case)
+
+
+def _band_sees_future(case, expected, actual):
+    found = _band_weights(case, actual)
+    if found is None:
+        return False
+    w, window, causal = found
+    return causal and bool((w.triu(1) > _TINY).any())
+
+
+def _band_too_wide(case, expected, actual):
+    found = _band_weights(case, actual)
+    if found is None:
+        return False
+    w, window, causal = found
+    offset = _offsets(w.shape[-1])
+    beyond = (offset < -window) | ((offset > window) if not causal else torch.zeros_like(offset, dtype=torch.bool))
+    return bool((w[beyond] > _TINY).any())
+
+
+def _band_side(w, window, causal):
+    """[n, n] bool: the in-band keys (the past side only when causal)."""
+    offset = _offsets(w.shape[-1])
+    return (offset >= -window) & (offset <= _band_right(window, causal))
+
+
+def _band_edge_left_out(case, expected, actual):
+    found = _band_weights(case, actual)
+    if found is None:
+        return False
+    w, window, causal = found
+    offset = _offsets(w.shape[-1]).abs()
+    band = _band_side(w, window, causal)
+    edge, inner = band & (offset == window), band & (offset == window - 1)
+    return (window >= 2 and bool(edge.any()) and bool((w[edge] <= _TINY).all())
+            and bool((w[inner] > _TINY).any()))
+
+
+def _band_half_width(case, expected, actual):
+    found = _band_weights(case, actual)
+    if found is None:
+        return False
+    w, window, causal = found
+    offset = _offsets(w.shape[-1]).abs()
+    band = _band_side(w, window, causal)
+    far, near = band & (offset > window // 2), band & (offset == window // 2)
+    return (window >= 3 and bool(far.any()) and bool((w[far] <= _TINY).all())
+            and bool((w[near] > _TINY).any()))
+
+
+def _band_uneven(case, expected, actual):
+    """Some in-band distance d that one query sees and another does not (both keys real): the
+    band changes from query to query, as when a block loses its neighbour's keys."""
+    found = _band_weights(case, actual)
+    if found is None:
+        return False
+    w, window, causal = found
+    n = w.shape[-1]
+    for d in range(1, window + 1):
+        for sign in ((-1,) if causal else (-1, 1)):
+            rows = torch.arange(n)
+            rows = rows[(rows + sign * d >= 0) & (rows + sign * d < n)]
+            if len(rows) < 2:
+                continue
+            seen = w[rows, rows + sign * d] > _TINY
+            if seen.any() and (~seen).any():
+                return True
+    return False
+
+
+def _band_weight_to_padding(case, expected, actual):
+    found = _band_weights(case, actual)
+    if found is None:
+        return False
+    w, window, causal = found
+    n = w.shape[-1]
+    short = w.sum(dim=-1) < 1 - 1e-6  # [n]: rows whose real keys got less than all the weight
+    if not short.any():
+        return False
+    pos = torch.arange(n)
+    near_an_end = (pos < window) | (pos >= n - window)
+    return bool((short <= near_an_end).all())
+
+
+def _band_built_n_by_n(case, expected, actual):
+    return isinstance(actual, dict) and actual == N_BY_N
+
+
+def _band_nan(case, expected, actual):
+    return (isinstance(actual, torch.Tensor) and actual.is_floating_point() and actual.shape == expected.shape
+            and bool((~actual.isfinite()).any()) and bool(expected.isfinite().all()))
+
+
+check_banded_attention = Checker(
+    name="banded_attention",
+    reference=banded_attention,
+    make_cases=_banded_cases,
+    invoke=_invoke_banded,
+    rtol=1e-5,
+    atol=1e-6,
+    mistakes=[
+        Mistake(
+            "the whole n x n score matrix computed (or the whole band's mask built) and then masked: the right "
+            "numbers at quadratic cost",
+            "Score each block of queries only against the keys its band can reach, from `window` before the "
+            "block's first query to `window` after its last (its own last query when causal), and build the "
+            "mask of that block only, from the positions' offsets.",
+            _band_dense,
+        ),
+        Mistake(
+            "band off by one: |i - j| < window leaves out the keys exactly `window` steps away",
+            "`window` counts the neighbours on each side, ends included: keep the keys with "
+            "-window <= j - i <= window (causal: -window <= j - i <= 0).",
+            _band_off_by_one,
+        ),
+        Mistake(
+            "window counted as the whole width of the band (window // 2 on each side, Longformer's convention)",
+            "In this course `window` counts one side: query i sees the keys i - window .. i + window, "
+            "2 * window + 1 keys (causal: i - window .. i).",
+            _band_whole_width,
+        ),
+        Mistake(
+            "causal ignored: with causal=True the queries still see the `window` keys after them",
+            "With causal=True a query sees no key after itself: the span of a block ends at its last query, and "
+            "the block's mask keeps -window <= j - i <= 0.",
+            _band_causal_ignored,
+        ),
+        Mistake(
+            "each block's keys start at its own first query: the keys of the previous block are dropped, so the "
+            "first queries of a block miss their left neighbours",
+            "A block of queries starting at position s reaches back to key s - window (not before 0): start its "
+            "span there.",
+            _band_previous_block_dropped,
+        ),
+        Mistake(
+            "keys padded with zeros and the padding positions not masked: near the ends of the sequence the "
+            "softmax gives weight to keys that do not exist",
+            "Padding positions are not keys: hide them in the mask (or slice the real keys only, clamping the "
+            "span to 0 .. n - 1) so that each row's weights sum to 1 over real keys.",
+            _band_padding_not_masked,
+        ),
+        Mistake(
+            "scores not divided by sqrt(d_k)",
+            "Banded attention is scaled dot-product attention on fewer pairs: divide q . k by sqrt(d_k) as usual.",
+            _band_not_scaled,
+        ),
+    ],
+    properties=[
+        Property(
+            "an n x n tensor on the long case (the whole score matrix or the whole mask)",
+            "Work block by block: scores [..., b, span] for each block of b queries, and a mask of that size.",
+            _band_built_n_by_n,
+        ),
+        Property(
+            "NaN or inf where the reference has numbers (a query whose mask hides every key)",
+            "Every query sees at least itself: keep offset 0 in the band, and fill the hidden scores before "
+            "the softmax, not after.",
+            _band_nan,
+        ),
+        Property(
+            "weight on keys after the query although causal=True",
+            "With causal=True keep only the keys with -window <= j - i <= 0.",
+            _band_sees_future,
+        ),
+        Property(
+            "weight on keys farther than `window` from the query",
+            "Hide every key with |i - j| > window in each block's mask.",
+            _band_too_wide,
+        ),
+        Property(
+            "no weight on the keys exactly `window` steps away (a strict < where <= belongs)",
+            "The band's ends are included: -window <= j - i <= window.",
+            _band_edge_left_out,
+        ),
+        Property(
+            "no weight beyond window // 2 steps: the window counted as the whole width",
+            "`window` counts the keys on each side of the query, not the band's whole width.",
+            _band_half_width,
+        ),
+        Property(
+            "a band that changes from query to query: some queries miss in-band keys that others at the same "
+            "distance see (the first queries of a block lose the keys of the previous block)",
+            "Give every block the span from its first query - window to its last query + window (clamped to the "
+            "sequence), so that each query sees its whole band.",
+            _band_uneven,
+        ),
+        Property(
+            "weights that sum to less than 1 over the real keys for the queries near the ends (padding positions "
+            "got a share of the softmax)",
+            "Hide the padding positions in the mask, or slice only the real keys.",
+            _band_weight_to_padding,
+        ),
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 6: causal_linear_attention(q, k, v) -> [..., n, d_v], by prefix sums
 # ---------------------------------------------------------------------------------------
 
 
@@ -740,7 +1113,172 @@ check_causal_linear_attention = Checker(
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 6: online_softmax_step(m, l, acc, scores, v_block) -> (m, l, acc)
+# Exercise 7: recurrent_linear_attention(q, k, v) -> [..., n, d_v], one running state
+# ---------------------------------------------------------------------------------------
+
+
+RECURRENT_LONG = 256
+PER_POSITION = {"__type__": "a state for every position (an [n, d_k, d_v] tensor, such as the prefix sums of "
+                            "the previous exercise, or the n x n weights) allocated on the 256-position case, "
+                            "instead of one running state"}
+
+
+def _invoke_recurrent(fn, case: Case):
+    q, k, v = case.args
+    if q.shape[-2] < RECURRENT_LONG:
+        return fn(*case.args, **case.kwargs)
+    out, largest = _largest_allocation(fn, *case.args, **case.kwargs)
+    n, d_k, d_v = q.shape[-2], q.shape[-1], v.shape[-1]
+    return PER_POSITION if largest >= n * d_k * d_v // 4 else out
+
+
+def _recurrent_cases() -> list[Case]:
+    g = seeded(1108)
+
+    def qkv(*batch, n, d_k, d_v, dtype=torch.float32, scale=1.0):
+        return (randn(g, *batch, n, d_k, dtype=dtype, scale=scale), randn(g, *batch, n, d_k, dtype=dtype, scale=scale),
+                randn(g, *batch, n, d_v, dtype=dtype))
+
+    return [
+        Case("one sequence of 6, d_k 4, d_v 3", qkv(1, n=6, d_k=4, d_v=3)),
+        Case("batch 2, heads 3, seq 5, d_k 4, d_v 2", qkv(2, 3, n=5, d_k=4, d_v=2)),
+        Case("a long sequence: 256 positions, d_k = d_v = 16 (one state, not one per position)",
+             qkv(1, n=RECURRENT_LONG, d_k=16, d_v=16)),
+        Case("float64, seq 7", qkv(n=7, d_k=3, d_v=3, dtype=torch.float64), hidden=True),
+        Case("one position", qkv(2, n=1, d_k=4, d_v=4), hidden=True),
+        Case("large queries and keys (scale 3)", qkv(1, n=9, d_k=4, d_v=2, scale=3.0), hidden=True),
+        Case("float64, a long sequence of 300, d_k 16, d_v 12", qkv(n=300, d_k=16, d_v=12, dtype=torch.float64),
+             hidden=True),
+    ]
+
+
+def _recurrent(q, k, v, phi=_phi, read_first=False, normalise=True, reset=False):
+    """The recurrent loop with one state, and the switches for the catalogued mistakes."""
+    phi_q, phi_k = phi(q), phi(k)
+    S = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])  # [..., d_k, d_v]
+    z = q.new_zeros(*q.shape[:-2], q.shape[-1])  # [..., d_k]
+    outs = []
+    for i in range(q.shape[-2]):
+        def read():
+            num = (phi_q[..., i, None, :] @ S).squeeze(-2)  # [..., d_v]
+            return num / (phi_q[..., i, :] * z).sum(-1, keepdim=True) if normalise else num
+        if read_first:
+            outs.append(read())
+        outer = phi_k[..., i, :, None] * v[..., i, None, :]  # [..., d_k, d_v]
+        S, z = (outer, phi_k[..., i, :]) if reset else (S + outer, z + phi_k[..., i, :])
+        if not read_first:
+            outs.append(read())
+    return torch.stack(outs, dim=-2)  # [..., n, d_v]
+
+
+def _rec_read_first(q, k, v):
+    return _recurrent(q, k, v, read_first=True)
+
+
+def _rec_no_normaliser(q, k, v):
+    return _recurrent(q, k, v, normalise=False)
+
+
+def _rec_no_feature_map(q, k, v):
+    return _recurrent(q, k, v, phi=lambda x: x)
+
+
+def _rec_reset(q, k, v):
+    return _recurrent(q, k, v, reset=True)
+
+
+def _rec_prefix_sums(q, k, v):
+    return _lin_prefix(_phi(q), _phi(k), v)
+
+
+def _rec_per_position(case, expected, actual):
+    return isinstance(actual, dict) and actual == PER_POSITION
+
+
+def _rec_only_itself(case, expected, actual):
+    a = _lin_output(case, actual)
+    if a is None:
+        return False
+    v = case.args[2].double()
+    return (not torch.allclose(expected.double(), v, rtol=1e-4, atol=1e-5)
+            and torch.allclose(a, v, rtol=1e-4, atol=1e-5))
+
+
+check_recurrent_linear_attention = Checker(
+    name="recurrent_linear_attention",
+    reference=recurrent_linear_attention,
+    make_cases=_recurrent_cases,
+    invoke=_invoke_recurrent,
+    forbidden=("transformer_lib.sparse.causal_linear_attention", "transformer_lib.sparse.linear_attention",
+               "transformer_lib.sparse.linear_attention_quadratic"),
+    rtol=1e-5,
+    atol=1e-5,
+    mistakes=[
+        Mistake(
+            "prefix sums over the whole sequence (a state for every position): the right numbers, but not one "
+            "running state",
+            "Keep one S [..., d_k, d_v] and one z [..., d_k], and loop over the positions: add position i to "
+            "them, read out position i, move on.",
+            _rec_prefix_sums,
+        ),
+        Mistake(
+            "the state read before it is updated: position i sees keys j < i only, not its own (and position 0 "
+            "divides 0 by 0)",
+            "Add phi(k_i) v_i^T to S and phi(k_i) to z first, then read out position i: it attends to keys "
+            "j <= i, itself included.",
+            _rec_read_first,
+        ),
+        Mistake(
+            "no normaliser: phi(q_i) . S is not divided by phi(q_i) . z",
+            "Carry z, the running sum of phi(k_j), beside S, and divide by phi(q_i) . z at each position.",
+            _rec_no_normaliser,
+        ),
+        Mistake(
+            "feature map not applied: the raw q and k used, so similarities can be negative (or the normaliser 0)",
+            "Apply phi(x) = F.elu(x) + 1 to the queries and the keys before anything else.",
+            _rec_no_feature_map,
+        ),
+        Mistake(
+            "the state reset at every step (S = instead of S +=): each position sees only itself, and the output "
+            "is just v",
+            "S and z accumulate: start them at zero once, before the loop, and add to them at each position.",
+            _rec_reset,
+        ),
+    ],
+    properties=[
+        Property(
+            "a state kept for every position on the long case (a tensor of n x d_k x d_v entries, or n x n)",
+            "Loop over the positions with one S [..., d_k, d_v] and one z [..., d_k]; collect only the outputs.",
+            _rec_per_position,
+        ),
+        Property(
+            "NaN or inf where the reference has numbers (a normaliser of 0: a position that sees no key)",
+            "Update the state with position i before reading it, with phi = elu + 1 > 0: the normaliser is then "
+            "never 0.",
+            _lin_nan,
+        ),
+        Property(
+            "outputs equal to the values themselves: each position sees only its own key",
+            "S and z must carry the whole past: add to them, do not overwrite them.",
+            _rec_only_itself,
+        ),
+        Property(
+            "outputs that are not averages of the values (outside the range of all values: weights negative or "
+            "not summing to 1)",
+            "Use phi = elu + 1 (positive) and divide by the normaliser phi(q_i) . z.",
+            _lin_not_an_average,
+        ),
+        Property(
+            "an output outside the range of the values at positions <= i: the future leaked in",
+            "Read out position i right after adding position i, before any later position is added.",
+            _lin_future_leaked,
+        ),
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 8: online_softmax_step(m, l, acc, scores, v_block) -> (m, l, acc)
 # ---------------------------------------------------------------------------------------
 
 
@@ -910,4 +1448,5 @@ check_online_softmax_step = Checker(
 
 
 CHECKERS = [check_sliding_window_mask, check_dilated_mask, check_global_token_mask, check_receptive_field,
-            check_causal_linear_attention, check_online_softmax_step]
+            check_banded_attention, check_causal_linear_attention, check_recurrent_linear_attention,
+            check_online_softmax_step]
