@@ -100,6 +100,55 @@ def encode_dropping_a_character(word, merges):
     return encode_word(word, merges)[:-1] if len(word) > 1 else list(word)
 
 
+def _greedy(word, vocab, unk="[UNK]", prefix="##", max_chars=100, *, shortest=False, mark=True, mark_first=False,
+            step_one=False, unk_per_gap=False, limit=">"):
+    """WordPiece with the mistakes switched on one by one, to combine them."""
+    if (len(word) >= max_chars) if limit == ">=" else (limit == ">" and len(word) > max_chars):
+        return [unk]
+    tokens, start = [], 0
+    while start < len(word):
+        ends = range(start + 1, len(word) + 1) if shortest else range(len(word), start, -1)
+        for end in ends:
+            marked = mark and (start > 0 or mark_first)
+            piece = (prefix if marked else "") + word[start:end]
+            if piece in vocab:
+                break
+        else:
+            if unk_per_gap:
+                tokens.append(unk)
+                start += 1
+                continue
+            return [unk]
+        tokens.append(piece)
+        start = start + 1 if step_one else end
+    return tokens
+
+
+def wordpiece_shortest_and_bare(word, vocab, unk="[UNK]", prefix="##", max_chars=100):
+    return _greedy(word, vocab, unk, prefix, max_chars, shortest=True, mark=False)
+
+
+def wordpiece_unk_per_gap_and_no_limit(word, vocab, unk="[UNK]", prefix="##", max_chars=100):
+    return _greedy(word, vocab, unk, prefix, max_chars, unk_per_gap=True, limit=None)
+
+
+def wordpiece_shortest_and_limit_off_by_one(word, vocab, unk="[UNK]", prefix="##", max_chars=100):
+    return _greedy(word, vocab, unk, prefix, max_chars, shortest=True, limit=">=")
+
+
+def wordpiece_one_step_and_marked_first(word, vocab, unk="[UNK]", prefix="##", max_chars=100):
+    return _greedy(word, vocab, unk, prefix, max_chars, step_one=True, mark_first=True)
+
+
+def wordpiece_one_step_and_no_limit(word, vocab, unk="[UNK]", prefix="##", max_chars=100):
+    return _greedy(word, vocab, unk, prefix, max_chars, step_one=True, limit=None)
+
+
+def wordpiece_bare_and_unknown_dropped(word, vocab, unk="[UNK]", prefix="##", max_chars=100):
+    tokens = _greedy(word, vocab, unk, prefix, max_chars, mark=False)
+    return [] if tokens == [unk] else tokens
+
+
 def embedding_columns_and_scaled(ids, table):
     rows = F.one_hot(ids, table.shape[0]).to(table.dtype) @ table
     return (rows * table.shape[1] ** 0.5).transpose(-2, -1)
@@ -122,6 +171,17 @@ def embedding_doubled_float32(ids, table):
     (ch08.check_train_bpe, train_string_ties_and_never_stopping, "ties broken another way"),
     (ch08.check_encode_word, encode_reversed_and_first_only, "two neighbouring tokens that one of the merges joins"),
     (ch08.check_encode_word, encode_dropping_a_character, "tokens that do not spell the word"),
+    (ch08.check_wordpiece_encode, wordpiece_shortest_and_bare, "a piece after the first without the ## prefix"),
+    (ch08.check_wordpiece_encode, wordpiece_shortest_and_bare, "[UNK] for a word the vocabulary can cover"),
+    (ch08.check_wordpiece_encode, wordpiece_unk_per_gap_and_no_limit, "[UNK] next to other pieces"),
+    (ch08.check_wordpiece_encode, wordpiece_unk_per_gap_and_no_limit, "a word longer than max_chars encoded"),
+    (ch08.check_wordpiece_encode, wordpiece_shortest_and_limit_off_by_one, "a shorter piece where"),
+    (ch08.check_wordpiece_encode, wordpiece_shortest_and_limit_off_by_one, "a word of exactly max_chars characters"),
+    (ch08.check_wordpiece_encode, wordpiece_one_step_and_marked_first, "a first piece that carries the ## prefix"),
+    (ch08.check_wordpiece_encode, wordpiece_one_step_and_no_limit, "tokens that do not spell the word"),
+    (ch08.check_wordpiece_encode, wordpiece_one_step_and_no_limit, "a word longer than max_chars encoded"),
+    (ch08.check_wordpiece_encode, wordpiece_bare_and_unknown_dropped, "an empty list for a word the vocabulary"),
+    (ch08.check_wordpiece_encode, wordpiece_bare_and_unknown_dropped, "a piece after the first without the ## prefix"),
     (ch08.check_embedding_lookup, embedding_columns_and_scaled, "a shape with the right sizes in the wrong order"),
     (ch08.check_embedding_lookup, embedding_doubled_float32, "multiplied by a constant"),
 ], ids=lambda x: getattr(x, "__name__", str(x))[:40])
@@ -268,12 +328,75 @@ def embedding_by_einsum(ids, table):
     return torch.einsum("...v,vd->...d", F.one_hot(ids, table.shape[0]).to(table.dtype), table)
 
 
+def wordpiece_as_in_berts_code(word, vocab, unk="[UNK]", prefix="##", max_chars=100):
+    """Two while loops and a piece that stays None when nothing fits, as Google's WordpieceTokenizer."""
+    chars = list(word)
+    if len(chars) > max_chars:
+        return [unk]
+    tokens, start = [], 0
+    while start < len(chars):
+        end, found = len(chars), None
+        while start < end:
+            piece = "".join(chars[start:end])
+            if start > 0:
+                piece = prefix + piece
+            if piece in vocab:
+                found = piece
+                break
+            end -= 1
+        if found is None:
+            return [unk]
+        tokens.append(found)
+        start = end
+    return tokens
+
+
+def wordpiece_recursive(word, vocab, unk="[UNK]", prefix="##", max_chars=100):
+    """The rest of the word handled by a recursive call that knows it is not at the start."""
+    if len(word) > max_chars:
+        return [unk]
+
+    def cut(rest, first):
+        if not rest:
+            return []
+        for end in range(len(rest), 0, -1):
+            piece = rest[:end] if first else prefix + rest[:end]
+            if piece in vocab:
+                tail = cut(rest[end:], False)
+                return None if tail is None else [piece] + tail
+        return None
+
+    tokens = cut(word, True)
+    return [unk] if tokens is None else tokens
+
+
+def wordpiece_by_scanning_the_vocabulary(word, vocab, unk="[UNK]", prefix="##", max_chars=100):
+    """The longest vocabulary entry that matches at each position, found by scanning the vocabulary;
+    returned as a tuple."""
+    if len(word) > max_chars:
+        return (unk,)
+    starts = [t for t in vocab if not t.startswith(prefix)]
+    inside = [t[len(prefix):] for t in vocab if t.startswith(prefix)]
+    tokens, position = [], 0
+    while position < len(word):
+        candidates = [p for p in (starts if position == 0 else inside) if p and word.startswith(p, position)]
+        if not candidates:
+            return (unk,)
+        best = max(candidates, key=len)
+        tokens.append(best if position == 0 else prefix + best)
+        position += len(best)
+    return tuple(tokens)
+
+
 @pytest.mark.parametrize("checker,answer", [
     (ch08.check_oov_rate, oov_with_a_loop),
     (ch08.check_pair_counts, pairs_with_defaultdict),
     (ch08.check_merge_pair, merge_with_a_for_loop),
     (ch08.check_train_bpe, train_with_lists_and_sorting),
     (ch08.check_encode_word, encode_by_ranks),
+    (ch08.check_wordpiece_encode, wordpiece_as_in_berts_code),
+    (ch08.check_wordpiece_encode, wordpiece_recursive),
+    (ch08.check_wordpiece_encode, wordpiece_by_scanning_the_vocabulary),
     (ch08.check_embedding_lookup, embedding_by_comparison),
     (ch08.check_embedding_lookup, embedding_by_identity_rows),
     (ch08.check_embedding_lookup, embedding_by_einsum),
@@ -318,3 +441,41 @@ def test_the_diagrams_draw():
         draw_bpe_merge_step({"ab": 1}, step=3)
     with pytest.raises(ValueError, match="as many ids as tokens"):
         draw_text_to_vectors("ab", ["a", "b"], [1])
+
+
+# ------------------------------------------------------------------- WordPiece, more
+
+
+def test_wordpiece_course_case_agrees_with_tokenizers_and_the_model_is_forbidden():
+    """The hidden course case (BERT's {token: id}) is cut by the reference as tokenizers' WordPiece
+    model cuts it, holds both covered and unknown words, and an answer may not call that model."""
+    from tokenizers import models
+
+    words, vocab = ch08._course_wordpiece()
+    assert isinstance(vocab, dict) and "[UNK]" in vocab and len(words) > 100
+    model = models.WordPiece(vocab, unk_token="[UNK]")
+    outputs = [ch08.wordpiece_encode(word, vocab) for word in words]
+    assert outputs == [[t.value for t in model.tokenize(word)] for word in words]
+    assert any(o == ["[UNK]"] for o in outputs) and any(len(o) > 2 for o in outputs)
+    assert "tokenizers.models.WordPiece" in ch08.check_wordpiece_encode.forbidden
+
+
+def test_wordpiece_cases_are_the_same_in_every_process():
+    """The grader builds the cases in the learner's process and again in its own: they must not depend
+    on anything that changes between processes (tokenizers' trainers number symbols in hash-map order)."""
+    import subprocess
+    import sys
+
+    code = ("import hashlib; from transformer_lib.checks import ch08; w, v = ch08._course_wordpiece(); "
+            "print(hashlib.sha256(repr((w, sorted(v.items()))).encode()).hexdigest())")
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            for _ in range(2)}
+    assert len(runs) == 1, runs
+
+
+def test_the_worked_examples_of_the_wordpiece_exercise():
+    vocab = {"un", "hash", "able", "##hash", "##able", "##h", "##a", "##s", "##es"}
+    assert ch08.wordpiece_encode("unhashable", vocab) == ["un", "##hash", "##able"]
+    assert ch08.wordpiece_encode("hashes", vocab) == ["hash", "##es"]
+    assert ch08.wordpiece_encode("unhash?able", vocab) == ["[UNK]"]
+    assert ch08.wordpiece_encode("unhashable", vocab, max_chars=9) == ["[UNK]"]

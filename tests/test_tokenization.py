@@ -1,4 +1,5 @@
-"""The readable BPE trainer makes exactly the merges Hugging Face tokenizers makes, and round-trips text."""
+"""The readable BPE trainer makes exactly the merges Hugging Face tokenizers makes, and round-trips text;
+the WordPiece encoder cuts words exactly as tokenizers' WordPiece model does."""
 
 import json
 
@@ -22,6 +23,7 @@ from transformer_lib.tokenization import (
     vocabulary_from_merges,
     word_counts,
     word_vocabulary,
+    wordpiece_encode,
 )
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -280,3 +282,89 @@ def test_embedding_lookup_is_a_row_copy():
         embedding_lookup(torch.tensor([11]), table)
     with pytest.raises(TypeError, match="integer token ids"):
         embedding_lookup(torch.tensor([1.0]), table)
+
+
+# ------------------------------------------------------------------- WordPiece
+
+
+def hf_wordpiece(vocab, unk="[UNK]", prefix="##", max_chars=100):
+    """tokenizers' WordPiece model on a vocabulary (it needs the unknown token in it, with an id)."""
+    from tokenizers import models
+
+    ids = {token: i for i, token in enumerate(sorted(set(vocab) | {unk}))}
+    model = models.WordPiece(ids, unk_token=unk, continuing_subword_prefix=prefix, max_input_chars_per_word=max_chars)
+    return lambda word: [t.value for t in model.tokenize(word)]
+
+
+def test_wordpiece_docstring_examples():
+    vocab = {"un", "##hash", "##able", "hash", "##h"}
+    assert wordpiece_encode("unhashable", vocab) == ["un", "##hash", "##able"]
+    assert wordpiece_encode("unhashable!", vocab) == ["[UNK]"]
+    assert wordpiece_encode("", vocab) == []
+    assert wordpiece_encode("hash", vocab) == ["hash"]
+    assert wordpiece_encode("unhash", vocab, max_chars=5) == ["[UNK]"]
+    assert wordpiece_encode("unhash", vocab, max_chars=6) == ["un", "##hash"]
+    assert wordpiece_encode("unhashable", {"un": 0, "##hash": 1, "##able": 2}) == ["un", "##hash", "##able"]
+
+
+def test_wordpiece_equals_tokenizers_on_every_held_out_word_of_the_course():
+    """A 500-token vocabulary trained by tokenizers' WordPieceTrainer on a tenth of the training text (so
+    that some held-out words cannot be covered), and every distinct word of the held-out text (BERT's split
+    at spaces and punctuation): the same tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    train, val = corpus.char_splits()
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.train_from_iterator([train[:len(train) // 10]],
+                                  trainers.WordPieceTrainer(vocab_size=500, special_tokens=["[UNK]"], show_progress=False))
+    vocab = tokenizer.get_vocab()
+    theirs = hf_wordpiece(vocab)
+    words = sorted({w for w, _ in pre_tokenizers.BertPreTokenizer().pre_tokenize_str(val)})
+    assert len(words) > 800
+    unknown = 0
+    for word in words:
+        ours = wordpiece_encode(word, vocab)
+        assert ours == theirs(word), word
+        unknown += ours == ["[UNK]"]
+    assert 0 < unknown < len(words) / 10  # both kinds of word are in the comparison
+    # a vocabulary trained on the held-out text covers every one of its words
+    tokenizer.train_from_iterator([val], trainers.WordPieceTrainer(vocab_size=1000, special_tokens=["[UNK]"],
+                                                                   show_progress=False))
+    assert all(wordpiece_encode(word, tokenizer.get_vocab()) != ["[UNK]"] for word in words)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_wordpiece_equals_tokenizers_on_random_vocabularies(seed):
+    """Random pieces over a small alphabet (so that words are often, but not always, covered), random
+    words, and the options: another prefix and unknown token, and a small max_chars."""
+    import random
+
+    rng = random.Random(seed)
+    alphabet = "abcdé"
+    prefix, unk = [("##", "[UNK]"), ("@@", "<unk>"), ("_", "?")][seed % 3]
+    max_chars = [100, 6, 9][seed % 3]
+    pieces = {"".join(rng.choices(alphabet, k=rng.randint(1, 4))) for _ in range(40)}
+    vocab = {p if rng.random() < 0.5 else prefix + p for p in pieces}
+    theirs = hf_wordpiece(vocab, unk, prefix, max_chars)
+    covered = 0
+    for _ in range(400):
+        word = "".join(rng.choices(alphabet, k=rng.randint(1, 12)))
+        ours = wordpiece_encode(word, vocab, unk=unk, prefix=prefix, max_chars=max_chars)
+        assert ours == theirs(word), (word, sorted(vocab))
+        covered += ours != [unk]
+    assert covered > 0
+
+
+def test_wordpiece_pieces_spell_the_word_and_are_the_longest():
+    import random
+
+    rng = random.Random(0)
+    vocab = {"a", "b", "ab", "##a", "##b", "##ab", "##ba", "##bab"}
+    for _ in range(200):
+        word = "".join(rng.choices("ab", k=rng.randint(1, 10)))
+        tokens = wordpiece_encode(word, vocab)
+        assert tokens[0] + "".join(t.removeprefix("##") for t in tokens[1:]) == word
+        assert all(t.startswith("##") for t in tokens[1:]) and not tokens[0].startswith("##")
+        start = len(tokens[0])
+        assert not any(word[:end] in vocab for end in range(start + 1, len(word) + 1))  # the longest first piece

@@ -15,7 +15,11 @@ words (tests/test_tokenization.py checks it), ties included. `train_bpe_with_tok
 BpeTrainer set up the same way, to compare the two. `train_byte_level_bpe` trains the byte-level
 BPE of GPT-2 (Radford et al., 2019) with `tokenizers` itself: what one uses in practice.
 
-Around it, what chapter 08 of the course measures: a whole-word vocabulary and its
+`wordpiece_encode` is BERT's encoder (Devlin et al., 2019): no merges, but the longest piece of
+the vocabulary first, `##` on the pieces inside a word, and `[UNK]` for a word it cannot cover;
+it cuts words as tokenizers' `WordPiece` model does (tests/test_tokenization.py).
+
+Around them, what chapter 08 of the course measures: a whole-word vocabulary and its
 out-of-vocabulary rate (`word_vocabulary`, `oov_rate`), and the step after tokenisation,
 ids to vectors, written as the product of one-hot rows with the embedding table
 (`embedding_lookup`; Prince, Understanding Deep Learning, 2023, section 12.5.2).
@@ -258,6 +262,44 @@ def decode(tokens: Iterable[str] | Iterable[int], vocab: list[str] | None = None
 
 
 # ---------------------------------------------------------------------------------------
+# WordPiece: BERT's encoder, the longest vocabulary piece first
+# ---------------------------------------------------------------------------------------
+
+def wordpiece_encode(word: str, vocab, unk: str = "[UNK]", prefix: str = "##", max_chars: int = 100) -> list[str]:
+    """Split one word into WordPiece tokens: greedy longest match first, left to right.
+
+    The encoder of BERT (Devlin et al., 2019), as Google's released `WordpieceTokenizer`
+    (google-research/bert, tokenization.py) and Hugging Face tokenizers' `WordPiece` model run it.
+    From the start of the word, take the longest piece that is in `vocab`, then go on right after
+    it; a piece that does not start the word is looked up with `prefix` in front ("##able"), so
+    the vocabulary tells a word's beginning from its inside. When no piece fits at some position,
+    the whole word becomes the one token `unk`: BERT never returns half a word. So does a word of
+    more than `max_chars` characters, without a search (100 is tokenizers' default; Google's
+    released code uses 200).
+
+    vocab: anything `in` can search (a set of tokens, or BERT's {token: id}).
+
+    >>> wordpiece_encode("unhashable", {"un", "##hash", "##able", "hash", "##h"})
+    ['un', '##hash', '##able']
+    >>> wordpiece_encode("unhashable!", {"un", "##hash", "##able"})
+    ['[UNK]']
+    """
+    if len(word) > max_chars:
+        return [unk]
+    tokens, start = [], 0
+    while start < len(word):
+        for end in range(len(word), start, -1):  # the longest candidate first
+            piece = word[start:end] if start == 0 else prefix + word[start:end]
+            if piece in vocab:
+                break
+        else:
+            return [unk]  # nothing in the vocabulary starts here: the whole word is unknown
+        tokens.append(piece)
+        start = end  # the next piece starts right after this one
+    return tokens
+
+
+# ---------------------------------------------------------------------------------------
 # Whole words: a fixed vocabulary, and how much held-out text it misses
 # ---------------------------------------------------------------------------------------
 
@@ -376,5 +418,5 @@ def train_byte_level_bpe(texts: Iterable[str], vocab_size: int,
 __all__ = [
     "PRE_TOKENIZE_PATTERN", "pre_tokenize", "word_counts", "pair_counts", "merge_pair", "train_bpe",
     "encode_word", "encode", "vocabulary_from_merges", "tokens_to_ids", "decode", "word_vocabulary", "oov_rate",
-    "embedding_lookup", "train_bpe_with_tokenizers", "train_byte_level_bpe",
+    "embedding_lookup", "train_bpe_with_tokenizers", "train_byte_level_bpe", "wordpiece_encode",
 ]

@@ -1,6 +1,7 @@
 """Checkers for chapter 08, tokenization: the out-of-vocabulary rate of a whole-word vocabulary,
 the four pieces of byte-pair encoding (pair counts, one merge, the training loop, encoding a
-word), and the embedding table read as a product of one-hot rows with the table.
+word), BERT's WordPiece encoder (longest match first, `##` continuations, `[UNK]` for a word it
+cannot cover), and the embedding table read as a product of one-hot rows with the table.
 
 References are the library's (transformer_lib.tokenization). The BPE references make exactly
 the merges Hugging Face tokenizers' BpeTrainer makes, ties included, so a learner whose
@@ -8,9 +9,12 @@ trainer passes here can compare their merges with tokenizers' in the notebook an
 equal. Each checker knows the wrong answers learners often write: distinct words counted
 instead of running words, pairs counted across word boundaries or without the word counts,
 overlapping merges ("a a a"), ties broken by strings or by first sight, counts never
-recomputed, merges replayed in the wrong order, embeddings as columns... Properties name an
-error from a trait of the output (a merge of a pair no word holds, tokens that do not spell
-the word, a value above 1), so two mistakes made at once are still diagnosed.
+recomputed, merges replayed in the wrong order, the shortest WordPiece first, [UNK] for one
+character instead of the whole word, embeddings as columns... Properties name an error from a
+trait of the output (a merge of a pair no word holds, tokens that do not spell the word, [UNK]
+beside other pieces, a value above 1), so two mistakes made at once are still diagnosed.
+WordPiece's hidden cases include the course's held-out words and a vocabulary of its frequent
+pieces, on which the reference cuts exactly as tokenizers' WordPiece model does.
 
 The embedding exercise asks for the product one_hot(ids) @ table, and plain indexing,
 table[ids], gives exactly the same numbers. So its checker runs the answer under a PyTorch
@@ -31,7 +35,7 @@ import torch.nn.functional as F
 
 from transformer_lib import safe_ast
 from transformer_lib.tokenization import (embedding_lookup, encode_word, merge_pair, oov_rate, pair_counts, train_bpe,
-                                          word_counts, word_vocabulary)
+                                          word_counts, word_vocabulary, wordpiece_encode)
 
 from . import properties
 from .core import Case, Checker, Mistake, Property, randn, seeded
@@ -712,7 +716,364 @@ check_encode_word = Checker(
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 6: embedding_lookup(ids, table) -> one_hot(ids) @ table, [..., d_model]
+# Exercise 6: wordpiece_encode(word, vocab, unk, prefix, max_chars) -> WordPiece tokens
+# ---------------------------------------------------------------------------------------
+
+# A vocabulary in which the longest piece, the shortest piece, a bare piece and its "##" form
+# all lead to different answers: "unhashable" is un ##hash ##able; shortest first it is
+# u ##n ##h ...; looked up without "##" it is un hash able.
+TOY_WORDPIECE = frozenset({
+    "[UNK]", "u", "un", "h", "hash", "a", "able", "s",
+    "##n", "##h", "##has", "##hash", "##a", "##ab", "##able", "##s", "##l", "##e", "##es", "##b",
+})
+
+
+@functools.lru_cache(maxsize=1)
+def _course_wordpiece() -> tuple[tuple[str, ...], dict]:
+    """Held-out words of the course text (BERT's split at spaces and punctuation), and a vocabulary
+    {token: id}, as BERT's vocab.txt reads, of the 150 most frequent word starts and the 150 most
+    frequent pieces inside words (with ##) of a piece of the training text, up to 6 characters each.
+
+    Built by counting, not with tokenizers' WordPieceTrainer: that trainer numbers the "##"
+    characters in the order of a hash map, so its ties, and its vocabulary, change from one process
+    to the next, and the grader builds the cases once in the learner's process and once in its own."""
+    from tokenizers import pre_tokenizers
+
+    train, val = _course_text()
+    split = pre_tokenizers.BertPreTokenizer().pre_tokenize_str
+    starts, inside = Counter(), Counter()
+    for word, count in Counter(w for w, _ in split(train[:20000])).items():
+        for end in range(1, min(len(word), 6) + 1):
+            starts[word[:end]] += count
+        for i in range(1, len(word)):
+            for end in range(i + 1, min(len(word), i + 6) + 1):
+                inside[word[i:end]] += count
+
+    def top(counts):  # the 150 most frequent, ties in string order
+        return sorted(counts, key=lambda piece: (-counts[piece], piece))[:150]
+
+    tokens = ["[UNK]"] + top(starts) + ["##" + piece for piece in top(inside)]
+    words = dict.fromkeys(w for w, _ in split(val[:3000]))
+    return tuple(words), {token: i for i, token in enumerate(tokens)}
+
+
+def _wordpiece_cases() -> list[Case]:
+    words, course_vocab = _course_wordpiece()
+    toy = set(TOY_WORDPIECE)
+    at_signs = {"[UNK]", "un", "@@hash", "@@able", "##hash", "##able", "hash", "able"}
+    return [
+        Case("unhashable", ("unhashable", toy)),
+        Case("hashes", ("hashes", toy)),
+        Case("a character no piece covers: unhash?able", ("unhash?able", toy)),
+        Case("a word that starts with a piece known only inside words: bash", ("bash", toy)),
+        Case("a word of exactly max_chars characters", ("aaaa", {"a", "##a"}), {"max_chars": 4}),
+        Case("a word longer than max_chars", ("unhashables", toy), {"max_chars": 10}),
+        Case("an empty word", ("", toy), hidden=True),
+        Case("a one-character word", ("a", toy), hidden=True),
+        Case("BERT's vocabulary as a dict {token: id}", ("unhashables", {t: i for i, t in enumerate(sorted(toy))}),
+             hidden=True),
+        Case("another prefix and unknown token", ("unhashable", at_signs), {"unk": "<unk>", "prefix": "@@"},
+             hidden=True),
+        Case("another unknown token, a word it cannot cover", ("unhashed", at_signs), {"unk": "<unk>", "prefix": "@@"},
+             hidden=True),
+        Case("non-ASCII characters", ("naïve", {"na", "##ï", "##ve", "##v", "##e", "n"}), hidden=True),
+        Case(f"{len(words)} held-out words of the course text, a vocabulary of 300 frequent pieces",
+             (list(words), course_vocab), hidden=True),
+    ]
+
+
+def _invoke_each_word(fn, case: Case):
+    """A case holds one word, or a list of words encoded one by one (a list of token lists)."""
+    first, *rest = case.args
+    if isinstance(first, list):
+        return [fn(word, *rest, **case.kwargs) for word in first]
+    return fn(first, *rest, **case.kwargs)
+
+
+def _wp_options(kwargs) -> tuple[str, str, int]:
+    return kwargs.get("unk", "[UNK]"), kwargs.get("prefix", "##"), kwargs.get("max_chars", 100)
+
+
+def _wp_shortest_first(word, vocab, unk="[UNK]", prefix="##", max_chars=100):
+    if len(word) > max_chars:
+        return [unk]
+    tokens, start = [], 0
+    while start < len(word):
+        for end in range(start + 1, len(word) + 1):  # the shortest candidate first
+            piece = word[start:end] if start == 0 else prefix + word[start:end]
+            if piece in vocab:
+                break
+        else:
+            return [unk]
+        tokens.append(piece)
+        start = end
+    return tokens
+
+
+def _wp_no_prefix(word, vocab, unk="[UNK]", prefix="##", max_chars=100):
+    return wordpiece_encode(word, vocab, unk, "", max_chars)
+
+
+def _wp_unk_per_gap(word, vocab, unk="[UNK]", prefix="##", max_chars=100):
+    if len(word) > max_chars:
+        return [unk]
+    tokens, start = [], 0
+    while start < len(word):
+        for end in range(len(word), start, -1):
+            piece = word[start:end] if start == 0 else prefix + word[start:end]
+            if piece in vocab:
+                tokens.append(piece)
+                start = end
+                break
+        else:
+            tokens.append(unk)  # only the uncovered character is unknown, and the search goes on
+            start += 1
+    return tokens
+
+
+def _wp_pieces_then_unk(word, vocab, unk="[UNK]", prefix="##", max_chars=100):
+    if len(word) > max_chars:
+        return [unk]
+    tokens, start = [], 0
+    while start < len(word):
+        for end in range(len(word), start, -1):
+            piece = word[start:end] if start == 0 else prefix + word[start:end]
+            if piece in vocab:
+                break
+        else:
+            return tokens + [unk]  # the pieces found so far are kept
+        tokens.append(piece)
+        start = end
+    return tokens
+
+
+def _wp_one_step(word, vocab, unk="[UNK]", prefix="##", max_chars=100):
+    if len(word) > max_chars:
+        return [unk]
+    tokens, start = [], 0
+    while start < len(word):
+        for end in range(len(word), start, -1):
+            piece = word[start:end] if start == 0 else prefix + word[start:end]
+            if piece in vocab:
+                break
+        else:
+            return [unk]
+        tokens.append(piece)
+        start += 1  # one character on, not past the piece: the next piece overlaps this one
+    return tokens
+
+
+def _wp_prefix_everywhere(word, vocab, unk="[UNK]", prefix="##", max_chars=100):
+    if len(word) > max_chars:
+        return [unk]
+    tokens, start = [], 0
+    while start < len(word):
+        for end in range(len(word), start, -1):
+            piece = prefix + word[start:end]  # the first piece marked as a continuation too
+            if piece in vocab:
+                break
+        else:
+            return [unk]
+        tokens.append(piece)
+        start = end
+    return tokens
+
+
+def _wp_limit_off_by_one(word, vocab, unk="[UNK]", prefix="##", max_chars=100):
+    return [unk] if len(word) >= max_chars else wordpiece_encode(word, vocab, unk, prefix, max_chars)
+
+
+def _wp_no_limit(word, vocab, unk="[UNK]", prefix="##", max_chars=100):
+    return wordpiece_encode(word, vocab, unk, prefix, max_chars=math.inf)
+
+
+def _wp_unk_as_string(word, vocab, unk="[UNK]", prefix="##", max_chars=100):
+    tokens = wordpiece_encode(word, vocab, unk, prefix, max_chars)
+    return unk if tokens == [unk] else tokens
+
+
+def _wp_unknown_dropped(word, vocab, unk="[UNK]", prefix="##", max_chars=100):
+    tokens = wordpiece_encode(word, vocab, unk, prefix, max_chars)
+    return [] if tokens == [unk] else tokens
+
+
+def _wp_results(case, expected, actual):
+    """(word, vocab, expected tokens, actual tokens) for each word of a case; nothing when the
+    output is not a list of strings (or, for a case of many words, a list of such lists)."""
+    first, vocab = case.args
+    words = first if isinstance(first, list) else [first]
+    exp = expected if isinstance(first, list) else [expected]
+    act = actual if isinstance(first, list) else [actual]
+    if not isinstance(act, (list, tuple)) or len(act) != len(words):
+        return []
+    return [(w, vocab, e, list(a)) for w, e, a in zip(words, exp, act)
+            if isinstance(a, (list, tuple)) and all(isinstance(t, str) for t in a)]
+
+
+def _wp_unk_beside_pieces(case, expected, actual):
+    unk, _, _ = _wp_options(case.kwargs)
+    return any(unk in a and len(a) > 1 for _, _, _, a in _wp_results(case, expected, actual))
+
+
+def _wp_bare_continuation(case, expected, actual):
+    unk, prefix, _ = _wp_options(case.kwargs)
+    return any(t != unk and not t.startswith(prefix) for _, _, _, a in _wp_results(case, expected, actual)
+               for t in a[1:])
+
+
+def _wp_prefixed_first(case, expected, actual):
+    _, prefix, _ = _wp_options(case.kwargs)
+    return any(a and a[0].startswith(prefix) and not w.startswith(prefix)
+               for w, _, _, a in _wp_results(case, expected, actual))
+
+
+def _lengths(word, tokens, prefix) -> list[int]:
+    """How many characters of the word each token stands for: its length without the prefix (a first
+    token that carries one, wrongly, included, unless the word itself starts with the prefix)."""
+    return [len(t) - len(prefix) if t.startswith(prefix) and (i or not word.startswith(prefix)) else len(t)
+            for i, t in enumerate(tokens)]
+
+
+def _spelling(word, tokens, unk, prefix):
+    """The word the tokens spell, the prefixes taken off; None when a token is unknown."""
+    if unk in tokens:
+        return None
+    return "".join(t[len(t) - n:] for t, n in zip(tokens, _lengths(word, tokens, prefix)))
+
+
+def _wp_misspelled(case, expected, actual):
+    unk, prefix, _ = _wp_options(case.kwargs)
+    return any(a and _spelling(w, a, unk, prefix) not in (None, w) for w, _, _, a in _wp_results(case, expected, actual))
+
+
+def _wp_shorter_than_longest(case, expected, actual):
+    """A piece that is shorter than the longest vocabulary piece at the same place."""
+    unk, prefix, _ = _wp_options(case.kwargs)
+    for word, vocab, _, tokens in _wp_results(case, expected, actual):
+        marked_right = not tokens[0].startswith(prefix) and all(t.startswith(prefix) for t in tokens[1:])
+        if not marked_right or _spelling(word, tokens, unk, prefix) != word:
+            continue  # the marks or the cover are wrong: other properties say so
+        start = 0
+        for length in _lengths(word, tokens, prefix):
+            mark = "" if start == 0 else prefix
+            if any(mark + word[start:end] in vocab for end in range(start + length + 1, len(word) + 1)):
+                return True
+            start += length
+    return False
+
+
+def _wp_too_long_encoded(case, expected, actual):
+    unk, _, max_chars = _wp_options(case.kwargs)
+    return any(len(w) > max_chars and a and unk not in a for w, _, _, a in _wp_results(case, expected, actual))
+
+
+def _wp_unk_for_covered(case, expected, actual):
+    unk, _, max_chars = _wp_options(case.kwargs)
+    return any(len(w) < max_chars and e != [unk] and a == [unk] for w, _, e, a in _wp_results(case, expected, actual))
+
+
+def _wp_unknown_left_out(case, expected, actual):
+    unk, _, _ = _wp_options(case.kwargs)
+    return any(e == [unk] and a == [] for _, _, e, a in _wp_results(case, expected, actual))
+
+
+def _wp_limit_reached_unk(case, expected, actual):
+    unk, _, max_chars = _wp_options(case.kwargs)
+    return any(len(w) == max_chars and e != [unk] and a == [unk] for w, _, e, a in _wp_results(case, expected, actual))
+
+
+check_wordpiece_encode = Checker(
+    name="wordpiece_encode",
+    reference=wordpiece_encode,
+    make_cases=_wordpiece_cases,
+    invoke=_invoke_each_word,
+    forbidden=("tokenizers.models.WordPiece",),
+    mistakes=[
+        Mistake(
+            "the shortest piece first (u ##n ##h ... instead of un ##hash ##able)",
+            "At each position try the longest candidate first: let the end run from the end of the word down "
+            "towards the start, and take the first piece the vocabulary has.",
+            _wp_shortest_first,
+        ),
+        Mistake(
+            "pieces after the first looked up and returned without the ## prefix (the rest of the word treated as "
+            "a new word)",
+            "A piece that does not start the word is looked up, and returned, as prefix + piece ('##hash'): the "
+            "vocabulary keeps the two forms apart.",
+            _wp_no_prefix,
+        ),
+        Mistake(
+            "[UNK] for the uncovered character only, and the search carried on after it",
+            "When no piece fits at some position, the whole word is unknown: return [unk] alone, and drop the pieces "
+            "found before it.",
+            _wp_unk_per_gap,
+        ),
+        Mistake(
+            "the pieces found so far kept, with [UNK] after them, when the word cannot be covered",
+            "When no piece fits at some position, return [unk] alone: BERT never returns part of a word.",
+            _wp_pieces_then_unk,
+        ),
+        Mistake(
+            "the next search started one character after the previous piece's start, not right after the piece "
+            "(the pieces overlap)",
+            "After a match, the next piece starts where this one ended: start = end.",
+            _wp_one_step,
+        ),
+        Mistake(
+            "the ## prefix put on the first piece too",
+            "Only pieces that do not start the word carry the prefix; the first piece is looked up as it is.",
+            _wp_prefix_everywhere,
+        ),
+        Mistake(
+            "a word of exactly max_chars characters counted as too long (>= instead of >)",
+            "Only a word longer than max_chars becomes [unk] at once: len(word) > max_chars.",
+            _wp_limit_off_by_one,
+        ),
+        Mistake(
+            "max_chars ignored: a word longer than it is encoded anyway",
+            "Check the length first: a word of more than max_chars characters is [unk], without a search.",
+            _wp_no_limit,
+        ),
+        Mistake(
+            "the unknown token returned as a string, not as a list holding it",
+            "Return [unk], a list of one token, like every other answer: a text's tokens are the words' lists "
+            "joined together.",
+            _wp_unk_as_string,
+        ),
+        Mistake(
+            "an unknown word left out (an empty list) instead of [UNK]",
+            "A word the vocabulary cannot cover still takes one token: return [unk], so that the model knows a word "
+            "was there.",
+            _wp_unknown_dropped,
+        ),
+    ],
+    properties=[
+        Property("[UNK] next to other pieces", "A word the vocabulary cannot cover is the single token [unk].",
+                 _wp_unk_beside_pieces),
+        Property("a piece after the first without the ## prefix",
+                 "Every piece after the first is looked up and returned as prefix + piece.", _wp_bare_continuation),
+        Property("a first piece that carries the ## prefix",
+                 "The first piece is looked up as it is; only later pieces carry the prefix.", _wp_prefixed_first),
+        Property("tokens that do not spell the word (with the prefixes taken off)",
+                 "Each piece starts right after the previous one ended, and together they cover the word once.",
+                 _wp_misspelled),
+        Property("a shorter piece where the vocabulary holds a longer one",
+                 "Try the longest candidate first at each position.", _wp_shorter_than_longest),
+        Property("[UNK] for a word the vocabulary can cover",
+                 "Look the first piece up as it is and every later piece with the prefix, the longest first; a word "
+                 "is unknown only when no piece at all fits at some position.", _wp_unk_for_covered),
+        Property("an empty list for a word the vocabulary cannot cover",
+                 "An unknown word still takes one token: return [unk].", _wp_unknown_left_out),
+        Property("a word longer than max_chars encoded instead of [UNK]",
+                 "A word of more than max_chars characters is [unk], without a search.", _wp_too_long_encoded),
+        Property("a word of exactly max_chars characters turned into [UNK]",
+                 "Only a word longer than max_chars is too long: len(word) > max_chars.", _wp_limit_reached_unk),
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 7: embedding_lookup(ids, table) -> one_hot(ids) @ table, [..., d_model]
 # ---------------------------------------------------------------------------------------
 
 
@@ -857,4 +1218,4 @@ check_embedding_lookup = Checker(
 
 
 CHECKERS = [check_oov_rate, check_pair_counts, check_merge_pair, check_train_bpe, check_encode_word,
-            check_embedding_lookup]
+            check_wordpiece_encode, check_embedding_lookup]
