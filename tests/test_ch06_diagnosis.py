@@ -86,6 +86,33 @@ def softmax_after_and_inverted(scores, mask):
     return torch.softmax(scores, dim=-1) * ~mask
 
 
+def decoder_layer_unmasked_and_ffn_first(x, memory, src_mask, tgt_mask, layer):
+    def step(x, sublayer, norm):
+        return norm(x + sublayer(x)) if not layer.norm_first else x + sublayer(norm(x))
+
+    x = step(x, lambda y: layer.self_attn(y, y, y), layer.norm1)  # no causal mask
+    x = step(x, layer.feed_forward, layer.norm2)  # and the FFN before the cross-attention
+    return step(x, lambda y: layer.cross_attn(y, memory, memory, src_mask), layer.norm3)
+
+
+def decoder_layer_cross_on_decoder_and_one_norm(x, memory, src_mask, tgt_mask, layer):
+    def step(x, sublayer):
+        return layer.norm1(x + sublayer(x)) if not layer.norm_first else x + sublayer(layer.norm1(x))
+
+    x = step(x, lambda y: layer.self_attn(y, y, y, tgt_mask))
+    x = step(x, lambda y: layer.cross_attn(y, y, y))  # the decoder's own states, no mask: reads the future
+    return step(x, layer.feed_forward)
+
+
+def decoder_layer_post_norm_with_an_extra_residual(x, memory, src_mask, tgt_mask, layer):
+    def step(x, sublayer, norm):
+        return x + norm(x + sublayer(x)) if not layer.norm_first else x + sublayer(norm(x))
+
+    x = step(x, lambda y: layer.self_attn(y, y, y, tgt_mask), layer.norm1)
+    x = step(x, lambda y: layer.cross_attn(y, memory, memory), layer.norm2)  # and no source mask
+    return step(x, layer.feed_forward, layer.norm3)
+
+
 COMBINED = [
     (ch06.check_make_causal_mask, causal_inverted_and_off_by_one,
      ["a mask with True and False swapped", "see the future"]),
@@ -112,6 +139,11 @@ COMBINED = [
      ["NaN where the reference has numbers", "weight given to keys the mask hides"]),
     (ch06.check_masked_softmax, softmax_after_and_inverted,
      ["weight given to keys the mask hides", "do not sum to 1"]),
+    (ch06.check_decoder_layer_forward, decoder_layer_unmasked_and_ffn_first, ["the future leaks into the past"]),
+    (ch06.check_decoder_layer_forward, decoder_layer_cross_on_decoder_and_one_norm,
+     ["the future leaks into the past"]),
+    (ch06.check_decoder_layer_forward, decoder_layer_post_norm_with_an_extra_residual,
+     ["a post-norm output that is not norm3's output"]),
 ]
 
 
@@ -173,12 +205,32 @@ def softmax_with_torch(scores, mask):
     return weights * mask.any(dim=-1, keepdim=True)
 
 
+def decoder_layer_by_hand(x, memory, src_mask, tgt_mask, layer):
+    sublayers = [(lambda y: layer.dropout1(layer.self_attn(y, y, y, mask=tgt_mask)), layer.norm1),
+                 (lambda y: layer.dropout2(layer.cross_attn(y, memory, memory, mask=src_mask)), layer.norm2),
+                 (lambda y: layer.dropout3(layer.feed_forward(y)), layer.norm3)]
+    for sublayer, norm in sublayers:
+        x = x + sublayer(norm(x)) if layer.norm_first else norm(x + sublayer(x))
+    return x
+
+
+def decoder_layer_with_the_chapter_05_function(x, memory, src_mask, tgt_mask, layer):
+    from transformer_lib.layers import add_and_norm
+    for sublayer, norm in [(lambda y: layer.self_attn(y, y, y, tgt_mask), layer.norm1),
+                           (lambda y: layer.cross_attn(y, memory, memory, src_mask), layer.norm2),
+                           (layer.feed_forward, layer.norm3)]:
+        x = add_and_norm(x, sublayer, norm.gamma, norm.beta, layer.norm_first, norm.eps)
+    return x
+
+
 RIGHT = [
     (ch06.check_make_causal_mask, causal_by_comparison),
     (ch06.check_make_padding_mask, padding_by_unsqueeze),
     (ch06.check_combine_decoder_mask, combine_by_hand),
     (ch06.check_cross_attention, cross_by_hand),
     (ch06.check_masked_softmax, softmax_with_torch),
+    (ch06.check_decoder_layer_forward, decoder_layer_by_hand),
+    (ch06.check_decoder_layer_forward, decoder_layer_with_the_chapter_05_function),
 ]
 
 
@@ -188,8 +240,23 @@ def test_right_answers_written_differently_pass(checker, answer):
     assert verdict.passed, verdict.message
 
 
-def test_chapter_has_five_exercises_each_with_three_mistakes():
-    assert len(ch06.CHECKERS) >= 5
+def test_calling_the_decoder_layer_itself_is_refused_with_a_clear_message():
+    verdict = _verdict(ch06.check_decoder_layer_forward,
+                       lambda x, memory, src_mask, tgt_mask, layer: layer(x, memory, src_mask, tgt_mask))
+    assert not verdict.passed and "build the forward pass from its parts" in verdict.message, verdict.message
+
+
+def test_the_decoder_layer_checker_changes_only_the_last_real_target_token():
+    for case in ch06.check_decoder_layer_forward.cases(hidden=True):
+        out = ch06._invoke_decoder_layer(ch06.decoder_layer_forward, case)
+        before, after = out["output"], out["output after the last target token changed"]
+        for b, n in enumerate(case.kwargs["tgt_lengths"]):
+            assert torch.equal(before[b, : n - 1], after[b, : n - 1]), case.name  # causal: the past is untouched
+            assert not torch.allclose(before[b, n - 1], after[b, n - 1]), case.name
+
+
+def test_chapter_has_six_exercises_each_with_three_mistakes():
+    assert len(ch06.CHECKERS) >= 6
     for checker in ch06.CHECKERS:
         assert len(checker.mistakes) >= 3, checker.name
         assert checker.properties, checker.name

@@ -3,7 +3,8 @@
 `label_smoothed_loss` against the loss module and against padding; `train_step` against a
 step written out by hand (and the clipping it promises); the training loop running the
 learner's step and shift; greedy decoding with the cache against decoding without it, with
-the encoder run once; the tiny models the checkers build, and their counts.
+the encoder run once; the tiny models the checkers build, and their counts; beam search written
+another way, and two of its mistakes made at once.
 """
 
 import pytest
@@ -299,3 +300,143 @@ def test_sample_next_token_uses_the_given_filter_only_where_the_exercise_defines
 
     draws = sample_next_token(logits, 1.0, 2, torch.Generator().manual_seed(0), filter_fn=keeps_everything)
     assert (draws >= 2).any()  # the given filter, not the library's, decided which tokens could come up
+
+
+# ---------------------------------------------------------------- beam search: the learner's exercise
+
+
+def _beam_by_hand(model, src, src_mask, max_len, bos_id, eos_id, beam_size=4, length_penalty=0.6):
+    """A right answer written another way: torch.div and torch.remainder for the parents, index_put for the finished rows,
+    Python loops for the final choice, and the whole token tensor returned (padding after eos)."""
+    from transformer_lib.decoding import reorder_cache
+
+    batch, k = src.shape[0], beam_size
+    memory = model.encode(src, src_mask).repeat_interleave(k, 0)  # [batch * k, S, d_model]
+    mask = src_mask.repeat_interleave(k, 0)
+    cache = model.new_cache()
+    seqs = torch.full((batch * k, 1), bos_id)
+    score = torch.tensor([[0.0] + [float("-inf")] * (k - 1)] * batch, dtype=torch.float64)  # [batch, k]
+    done = torch.zeros(batch * k, dtype=torch.bool)
+    for _ in range(max_len):
+        lp = model.generator(model.decode(memory, mask, seqs[:, -1:], cache=cache))[:, -1].clone()  # [batch*k, V]
+        lp[done] = float("-inf")
+        lp[done, eos_id] = 0.0
+        vocab = lp.shape[-1]
+        flat = (score.unsqueeze(-1) + lp.view(batch, k, vocab)).flatten(1)  # [batch, k * V]
+        score, idx = flat.topk(k, dim=1)
+        parent, tok = torch.div(idx, vocab, rounding_mode="floor"), torch.remainder(idx, vocab)
+        rows = (parent + k * torch.arange(batch).unsqueeze(1)).flatten()
+        seqs = torch.cat([seqs.index_select(0, rows), tok.reshape(-1, 1)], 1)
+        reorder_cache(cache, rows)
+        done = done[rows] | (tok.flatten() == eos_id)
+        if done.all():
+            break
+    best = []
+    for b in range(batch):
+        ranked = []
+        for j in range(k):
+            row = seqs[b * k + j]
+            ends = (row[1:] == eos_id).nonzero()
+            length = int(ends[0]) + 1 if len(ends) else len(row) - 1
+            ranked.append((score[b, j].item() / ((5 + length) / 6) ** length_penalty, b * k + j))
+        best.append(max(ranked)[1])
+    return seqs[best]
+
+
+def _beam_cache_not_reordered_and_no_penalty(model, src, src_mask, max_len, bos_id, eos_id, beam_size=4,
+                                             length_penalty=0.6):
+    from transformer_lib.checks.ch07 import _beam_variant
+    return _beam_variant(model, src, src_mask, max_len, bos_id, eos_id, beam_size, length_penalty,
+                         reorder_kv=False, normalise=False)
+
+
+def _beam_per_beam_and_probabilities(model, src, src_mask, max_len, bos_id, eos_id, beam_size=4,
+                                     length_penalty=0.6):
+    from transformer_lib.checks.ch07 import _beam_variant
+    return _beam_variant(model, src, src_mask, max_len, bos_id, eos_id, beam_size, length_penalty,
+                         per_beam=True, step_score=torch.exp)
+
+
+def _beam_tokens_not_reordered_and_finished_extended(model, src, src_mask, max_len, bos_id, eos_id, beam_size=4,
+                                                     length_penalty=0.6):
+    from transformer_lib.checks.ch07 import _beam_variant
+    return _beam_variant(model, src, src_mask, max_len, bos_id, eos_id, beam_size, length_penalty,
+                         reorder_tokens=False, freeze_finished=False)
+
+
+def _beam_without_cache(model, src, src_mask, max_len, bos_id, eos_id, beam_size=4, length_penalty=0.6):
+    """Right tokens, but the whole prefix re-decoded at every step (no cache to reorder)."""
+    from transformer_lib.checks.ch07 import _beam_variant
+
+    class NoCache:
+        def __init__(self, m):
+            self.m = m
+
+        def encode(self, *a):
+            return self.m.encode(*a)
+
+        def generator(self, h):
+            return self.m.generator(h)
+
+        def new_cache(self):
+            return None
+
+        def decode(self, memory, src_mask, tgt, cache=None):
+            self.prefix = tgt if not hasattr(self, "prefix") else torch.cat([self.prefix[self.rows], tgt], 1)
+            return self.m.decode(memory, src_mask, self.prefix, causal_mask(self.prefix.shape[1]))
+
+    wrapped = NoCache(model)
+    import transformer_lib.checks.ch07 as ch07
+    original = ch07.reorder_cache
+    ch07.reorder_cache = lambda cache, rows: setattr(wrapped, "rows", rows)
+    try:
+        return _beam_variant(wrapped, src, src_mask, max_len, bos_id, eos_id, beam_size, length_penalty)
+    finally:
+        ch07.reorder_cache = original
+
+
+@pytest.mark.parametrize("hidden", [False, True], ids=["visible", "hidden"])
+def test_beam_search_written_another_way_passes(hidden):
+    from transformer_lib.checks.ch07 import check_beam_search
+    verdict = check_beam_search.judge(check_beam_search.collect_outputs(_beam_by_hand, hidden), hidden)
+    assert verdict.passed, verdict.message
+
+
+@pytest.mark.parametrize("answer,trait", [
+    (_beam_cache_not_reordered_and_no_penalty, "a best output less probable than the reference's"),
+    (_beam_per_beam_and_probabilities, "a best output less probable than the reference's"),
+    (_beam_tokens_not_reordered_and_finished_extended, "a best output less probable than the reference's"),
+    (_beam_without_cache, "more than one position fed to the decoder in one step"),
+])
+@pytest.mark.parametrize("hidden", [False, True], ids=["visible", "hidden"])
+def test_beam_search_combined_mistakes_are_named_by_property(answer, trait, hidden):
+    from transformer_lib.checks.ch07 import check_beam_search
+    verdict = check_beam_search.judge(check_beam_search.collect_outputs(answer, hidden), hidden)
+    assert not verdict.passed
+    assert "looks like" not in verdict.message, verdict.message
+    assert trait in verdict.message, verdict.message
+
+
+def test_beam_checker_counts_the_work_of_the_reference():
+    from transformer_lib.checks.ch07 import _invoke_beam, check_beam_search
+    from transformer_lib.decoding import beam_search
+    for case in check_beam_search.cases(hidden=True):
+        out = _invoke_beam(beam_search, case)
+        assert out["encoder runs"] == 1 and out["most positions fed to the decoder at once"] == 1
+        assert 1 <= out["decoder runs"] <= case.args[3]
+
+
+def test_beam_checker_cases_are_ones_where_beam_search_beats_greedy():
+    # With no length penalty beam search ranks by log P: on the visible cases it finds a more
+    # probable output than greedy decoding for at least one sentence, so a search that never
+    # leaves greedy's path cannot pass.
+    from transformer_lib.checks.ch07 import _best_outputs, _sentence_log_probs, check_beam_search
+    from transformer_lib.decoding import beam_search
+    better = 0
+    for case in check_beam_search.cases():
+        tiny, src, src_mask, max_len, bos, eos = case.args
+        model = tiny.build().eval()
+        beam = _best_outputs(beam_search(model, src, src_mask, max_len, bos, eos, **case.kwargs), eos)
+        greedy = _best_outputs(greedy_decode(model, src, src_mask, max_len, bos, eos), eos)
+        better += int((_sentence_log_probs(case, beam) > _sentence_log_probs(case, greedy) + 1e-6).sum())
+    assert better >= 1

@@ -254,6 +254,43 @@ def test_beam_search_output_format_and_length_penalty():
     assert math.isclose(gnmt_length_penalty(7, 1.0), 2.0)
 
 
+class MarkovModel:
+    """P(next | last token) from a table: a model with a known best sequence. Token 0 is <bos>."""
+
+    def __init__(self, probs):
+        self.table = torch.tensor(probs, dtype=torch.float64)
+
+    def encode(self, src, src_mask=None):
+        return torch.zeros(src.shape[0], 1, 1)
+
+    def decode(self, memory, src_mask, tgt, tgt_mask=None, cache=None):
+        return torch.nn.functional.one_hot(tgt, len(self.table)).double()  # [batch, t, V]
+
+    def generator(self, hidden):
+        return (hidden @ self.table).log()
+
+    def new_cache(self):
+        return [LayerCache()]
+
+
+def test_beam_search_keeps_the_hypothesis_greedy_never_sees():
+    # <bos> a b <eos>: greedy takes a (0.6) then <eos> (0.5): 0.30; beam search finds b <eos>: 0.4 * 0.9 = 0.36.
+    model = MarkovModel([[0, 0.6, 0.4, 0], [0, 0.25, 0.25, 0.5], [0, 0.05, 0.05, 0.9], [0, 0, 0, 1]])
+    src = torch.zeros(1, 1, dtype=torch.long)
+    assert greedy_decode(model, src, None, 4, 0, 3).tolist() == [[0, 1, 3]]
+    assert beam_search(model, src, None, 4, 0, 3, beam_size=2).tolist() == [[0, 2, 3]]
+
+
+def test_a_finished_hypothesis_keeps_its_score_and_the_length_penalty_can_overrule_it():
+    # <eos> at once: 0.5, finished at step 1 and kept in the beam with that score while "a b <eos>"
+    # (0.5 * 0.9 * 0.9 = 0.405) grows. By log P the short one wins; divided by the GNMT penalty with
+    # alpha = 1 (1 for length 1, 8/6 for length 3), the long one does.
+    model = MarkovModel([[0, 0.5, 0, 0.5], [0, 0, 0.9, 0.1], [0, 0, 0.1, 0.9], [0, 0, 0, 1]])
+    src = torch.zeros(1, 1, dtype=torch.long)
+    assert beam_search(model, src, None, 5, 0, 3, beam_size=2, length_penalty=0.0).tolist() == [[0, 3]]
+    assert beam_search(model, src, None, 5, 0, 3, beam_size=2, length_penalty=1.0).tolist() == [[0, 1, 2, 3]]
+
+
 def test_reorder_cache_moves_self_attention_rows_only():
     k = torch.arange(4.0).view(4, 1, 1, 1).expand(4, 2, 3, 5)  # row i filled with i
     cache = [LayerCache(self_attn=KVCache(k.clone(), k.clone()), cross_attn=KVCache(k.clone(), k.clone(), static=True))]

@@ -360,3 +360,56 @@ def test_share_embeddings_ties_the_three_matrices():
     with pytest.raises(ValueError, match="one vocabulary"):
         EncoderDecoder(TransformerConfig(src_vocab=12, tgt_vocab=11, d_model=16, n_heads=4, d_ff=32, n_layers=1,
                                          share_embeddings=True))
+
+
+# -- the decoder layer's one copy of its forward pass (chapter 06's exercise) -------------------------
+
+
+def test_decoder_layer_runs_the_top_level_decoder_layer_forward(monkeypatch):
+    from transformer_lib import layers
+
+    calls = []
+    original = layers.decoder_layer_forward
+
+    def counting(*args, **kwargs):
+        calls.append(len(args) + len(kwargs))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(layers, "decoder_layer_forward", counting)
+    layer = _randomise(DecoderLayer(D, HEADS, D_FF), 31).eval()
+    x, memory = torch.randn(2, 4, D), torch.randn(2, 3, D)
+    out = layer(x, memory, None, causal_mask(4))
+    assert len(calls) == 1
+    torch.testing.assert_close(out, original(x, memory, None, causal_mask(4), layer))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_stack_runs_a_given_layer_forward(norm_first):
+    from transformer_lib.layers import Decoder, decoder_layer_forward
+
+    calls = []
+
+    def learners(x, memory, src_mask, tgt_mask, layer):  # no cache parameter, like the exercise
+        calls.append(layer)
+        return decoder_layer_forward(x, memory, src_mask, tgt_mask, layer)
+
+    library = _randomise(Decoder(DecoderLayer(D, HEADS, D_FF, norm_first=norm_first), 3, norm_first), 32).eval()
+    theirs = Decoder(DecoderLayer(D, HEADS, D_FF, norm_first=norm_first), 3, norm_first, layer_forward=learners)
+    theirs.load_state_dict(library.state_dict())
+    x, memory = torch.randn(2, 4, D), torch.randn(2, 6, D)
+    src = torch.tensor([[3, 4, 5, 6, 7, 8], [3, 4, 0, 0, 0, 0]])
+    args = (x, memory, padding_mask(src, 0), causal_mask(4))
+    torch.testing.assert_close(theirs.eval()(*args), library(*args))
+    assert calls == list(theirs.layers)
+
+
+def test_decoder_layer_forward_with_a_cache_equals_the_full_pass():
+    from transformer_lib.layers import LayerCache, decoder_layer_forward
+
+    layer = _randomise(DecoderLayer(D, HEADS, D_FF), 33).eval()
+    x, memory = torch.randn(2, 5, D), torch.randn(2, 3, D)
+    full = decoder_layer_forward(x, memory, None, causal_mask(5), layer)
+    cache = LayerCache()
+    steps = [decoder_layer_forward(x[:, t:t + 1], memory, None, None, layer, cache) for t in range(5)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+    assert cache.self_attn.length == 5 and cache.cross_attn.length == 3

@@ -236,8 +236,10 @@ def reorder_cache(cache, index: torch.Tensor, include_static: bool = False):
     return cache
 
 
-def gnmt_length_penalty(length: int, alpha: float) -> float:
+def gnmt_length_penalty(length, alpha: float):
     """lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016): a hypothesis is ranked by log P(Y) / lp(Y).
+
+    length: an int (returns a float) or a tensor of lengths (returns a tensor).
 
     Every token adds a negative log-probability, so raw sums favour short outputs; dividing by
     lp(Y) undoes part of that. alpha = 0 ranks by the raw sum; alpha = 1 is close to a per-token mean.
@@ -254,19 +256,22 @@ def _repeat_rows(t, batch: int, times: int):
 
 @torch.no_grad()
 def beam_search(model, src, src_mask, max_len, bos_id, eos_id, beam_size=4, length_penalty=0.6) -> torch.Tensor:
-    """Keep the beam_size best partial translations at every step; return the best finished one.
+    """Keep the beam_size most probable partial outputs at every step; return the best one.
 
-    A hypothesis Y is scored by log P(Y | src) / lp(|Y|) with the GNMT penalty
-    lp = ((5 + |Y|) / 6) ** length_penalty, |Y| counting the generated tokens (eos included).
-    A hypothesis that produces eos leaves the beam and is kept in a list of finished ones
-    (the beam_size best); the beam carries on with the best unfinished continuations. A source
-    sentence is done when it has beam_size finished hypotheses and its best live hypothesis,
-    penalised at the current length, scores no better than the worst of them (the usual rule;
-    with length_penalty = 0 it is exact, since extending a hypothesis can only lower its score).
-    After max_len steps the live hypotheses compete with the finished ones.
+    Every step extends each of a sentence's beam_size hypotheses by every token of the
+    vocabulary and keeps the beam_size best of all beam_size * vocab candidates, ranked by the
+    sum of their log-probabilities. A hypothesis that has written eos_id is finished: it stays
+    in the beam, and its only continuation is eos_id again, at no cost (log-probability 0), so it
+    keeps its score and competes with the live ones. The keys and values cached by the decoder's
+    self-attention follow their hypotheses when the beam is reordered. The search stops when
+    every hypothesis of every sentence is finished, or after max_len steps. Then the best
+    hypothesis of each sentence is the one with the largest log P(Y) / lp(|Y|), with the GNMT
+    length penalty lp = ((5 + |Y|) / 6) ** length_penalty (Wu et al., 2016), |Y| counting the
+    generated tokens up to and including eos; length_penalty = 0 ranks by log P(Y) itself.
+    This is the search described in Dive into Deep Learning (Zhang et al.), section 10.8.
 
     beam_size=1 gives exactly greedy_decode's output. Returns a LongTensor [batch, 1 + steps]
-    starting with bos_id, each row padded with eos_id after its eos.
+    starting with bos_id, each row padded with eos_id after its eos, as long as its longest row.
     """
     max_len = _check_decode_args(model, src, max_len)
     beam = _positive_int(beam_size, "beam_size")
@@ -276,84 +281,43 @@ def beam_search(model, src, src_mask, max_len, bos_id, eos_id, beam_size=4, leng
 
     memory = model.encode(src, src_mask)  # [batch, src, d_model], computed once
     batch, device = memory.shape[0], memory.device
-    # Every beam reads the same source: repeat memory and mask once, row b*beam + j for beam j.
+    # Every beam reads the same source: repeat memory and mask, row b * beam + j for beam j.
     memory = _repeat_rows(memory, batch, beam)  # [batch * beam, src, d_model]
     src_mask = _repeat_rows(src_mask, batch, beam)
     cache = model.new_cache()
-
     tokens = torch.full((batch * beam, 1), bos_id, dtype=torch.long, device=device)  # [batch * beam, 1]
-    # Sum of log-probabilities of each live hypothesis. At the start all beams hold the same
-    # prefix [bos]; only beam 0 may grow, or step 1 would fill the beam with copies.
-    scores = torch.full((batch, beam), float("-inf"), device=device)  # [batch, beam]
+    # At the start every beam holds the same prefix, <bos>: only beam 0 may grow, or the first
+    # step would fill the beam with copies of one hypothesis.
+    scores = torch.full((batch, beam), float("-inf"), device=device)  # [batch, beam]: sum of log P
     scores[:, 0] = 0.0
-    finished = [[] for _ in range(batch)]  # per sentence: (penalised score, generated tokens)
-    done = [False] * batch
+    finished = torch.zeros(batch, beam, dtype=torch.bool, device=device)  # [batch, beam]
+    lengths = torch.zeros(batch, beam, dtype=torch.long, device=device)  # generated tokens, eos included
+    offsets = torch.arange(batch, device=device)[:, None] * beam  # [batch, 1]: each sentence's first row
 
-    for step in range(1, max_len + 1):
-        log_probs = _next_log_probs(model, memory, src_mask, tokens, cache)  # [batch * beam, vocab]
+    for _ in range(max_len):
+        hidden = model.decode(memory, src_mask, tokens[:, -1:], cache=cache)  # [batch * beam, 1, d_model]
+        log_probs = model.generator(hidden[:, -1])  # [batch * beam, vocab]
         vocab = log_probs.shape[-1]
-        candidates = scores[:, :, None] + log_probs.float().view(batch, beam, vocab)  # [batch, beam, vocab]
-        # 2 * beam candidates: even if beam of them end with eos, beam others can carry on.
-        n_top = min(2 * beam, beam * vocab)
-        top_scores, top_index = candidates.view(batch, beam * vocab).topk(n_top, dim=-1)  # [batch, n_top]
-        top_beam, top_token = top_index // vocab, top_index % vocab  # [batch, n_top] each
-
-        new_scores = torch.full((batch, beam), float("-inf"), device=device)  # [batch, beam]
-        new_rows = torch.arange(batch * beam, device=device).view(batch, beam)  # which row each beam continues
-        new_tokens = torch.full((batch, beam), eos_id, dtype=torch.long, device=device)
-        for b in range(batch):
-            if done[b]:
-                continue  # its rows keep running on -inf scores and are never read again
-            slot = 0
-            for rank in range(n_top):
-                score = top_scores[b, rank].item()
-                if score == float("-inf"):
-                    break  # only impossible candidates are left
-                row = b * beam + top_beam[b, rank].item()
-                token = top_token[b, rank].item()
-                if token == eos_id:
-                    # An eos ranked below the beam would not have been kept by a plain beam search.
-                    if rank < beam:
-                        hypothesis = torch.cat([tokens[row, 1:], tokens.new_tensor([eos_id])])
-                        finished[b].append((score / gnmt_length_penalty(step, length_penalty), hypothesis))
-                        finished[b].sort(key=lambda h: h[0], reverse=True)
-                        del finished[b][beam:]
-                    continue
-                new_scores[b, slot], new_rows[b, slot], new_tokens[b, slot] = score, row, token
-                slot += 1
-                if slot == beam:
-                    break
-            best_live = new_scores[b].max().item() / gnmt_length_penalty(step, length_penalty)
-            done[b] = len(finished[b]) == beam and best_live <= finished[b][-1][0]
-
-        if all(done):
+        # A finished hypothesis has one continuation, eos, and it costs nothing.
+        done = finished.view(-1, 1)  # [batch * beam, 1]
+        is_eos = torch.arange(vocab, device=device) == eos_id  # [vocab]
+        log_probs = torch.where(done, torch.where(is_eos, 0.0, float("-inf")).to(log_probs.dtype), log_probs)
+        candidates = scores[:, :, None] + log_probs.view(batch, beam, vocab)  # [batch, beam, vocab]
+        # The best of all beam * vocab candidates of a sentence, not the best of each beam.
+        scores, index = candidates.view(batch, beam * vocab).topk(beam, dim=-1)  # [batch, beam]
+        parent, token = index // vocab, index % vocab  # [batch, beam] each
+        rows = (offsets + parent).view(-1)  # [batch * beam]: the row each new hypothesis continues
+        tokens = torch.cat([tokens[rows], token.view(-1, 1)], dim=1)  # [batch * beam, t + 1]
+        reorder_cache(cache, rows)  # the keys and values follow their hypotheses
+        was_finished = finished.gather(1, parent)  # [batch, beam]
+        lengths = lengths.gather(1, parent) + (~was_finished).long()
+        finished = was_finished | (token == eos_id)
+        if finished.all():
             break
-        # Every live hypothesis takes over the tokens and the cached keys/values of its parent row.
-        rows = new_rows.view(-1)  # [batch * beam]
-        tokens = torch.cat([tokens.index_select(0, rows), new_tokens.view(-1, 1)], dim=1)  # [batch * beam, t + 1]
-        reorder_cache(cache, rows)
-        scores = new_scores
 
-    best = []
-    for b in range(batch):
-        pool = list(finished[b])
-        if not done[b]:
-            # Out of steps: the live hypotheses (no eos yet) compete with the finished ones.
-            length = tokens.shape[1] - 1
-            for j in range(beam):
-                if scores[b, j].item() > float("-inf"):
-                    pool.append((scores[b, j].item() / gnmt_length_penalty(length, length_penalty),
-                                 tokens[b * beam + j, 1:]))
-        if not pool:  # nothing but eos was ever possible, and it ranked below the beam
-            pool.append((0.0, tokens.new_tensor([eos_id])))
-        best.append(max(pool, key=lambda h: h[0])[1])
-
-    out_len = 1 + max(len(h) for h in best)
-    out = torch.full((batch, out_len), eos_id, dtype=torch.long, device=device)  # padded with eos
-    out[:, 0] = bos_id
-    for b, hypothesis in enumerate(best):
-        out[b, 1 : 1 + len(hypothesis)] = hypothesis
-    return out
+    best = (scores / gnmt_length_penalty(lengths, length_penalty)).argmax(dim=-1)  # [batch]
+    out_len = 1 + int(lengths.gather(1, best[:, None]).max())
+    return tokens[(offsets[:, 0] + best), :out_len]  # [batch, 1 + steps]
 
 
 # ---------------------------------------------------------------------------------------

@@ -4,10 +4,10 @@ Read top to bottom: LayerNorm (and BatchNorm, for comparison), the position-wise
 feed-forward network, the residual sub-layer (post-norm as in the paper, pre-norm as most
 later models; Xiong et al., 2020, "On Layer Normalization in the Transformer Architecture"),
 the encoder and decoder layers, their stacks, the scaled token embedding, the generator,
-and the full model with its config. Chapter 05's exercises are plain functions here
-(layer_norm, batch_norm, feed_forward, add_and_norm, encoder_layer_forward,
-encoder_forward) that the modules call, so there is one copy of each formula. Masks follow
-the course convention: bool, True = may attend.
+and the full model with its config. The exercises of chapter 05 (layer_norm, batch_norm,
+feed_forward, add_and_norm, encoder_layer_forward, encoder_forward) and chapter 06
+(decoder_layer_forward) are plain functions here that the modules call, so there is one copy
+of each formula. Masks follow the course convention: bool, True = may attend.
 """
 
 from __future__ import annotations
@@ -232,27 +232,85 @@ class LayerCache:
     cross_attn: KVCache = field(default_factory=lambda: KVCache(static=True))
 
 
+def decoder_layer_forward(x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor | None,
+                          tgt_mask: torch.Tensor | None, layer: DecoderLayer,
+                          cache: LayerCache | None = None) -> torch.Tensor:
+    """One decoder layer: masked self-attention, cross-attention over the memory, then the FFN,
+    each inside a residual connection (the same wiring as encoder_layer_forward).
+
+    post-norm: x = LN1(x + drop(SelfAttn(x, tgt_mask))); x = LN2(x + drop(CrossAttn(x, memory, src_mask)));
+               out = LN3(x + drop(FFN(x)))
+    pre-norm:  the same three sub-layers as x = x + drop(Sublayer(LN(x))).
+    x: [batch, tgt, d_model]; memory: the encoder's output [batch, src, d_model]; src_mask: the
+    source padding mask ([batch, 1, 1, src]) or None; tgt_mask: causal AND target padding
+    ([batch, 1, tgt, tgt] or [tgt, tgt]) or None. `layer` supplies self_attn, cross_attn,
+    feed_forward, norm1-3, dropout1-3 and norm_first. Returns [batch, tgt, d_model].
+
+    cache: while decoding one token at a time (chapter 07), a LayerCache whose self_attn part
+    grows by the new positions' keys and values and whose cross_attn part keeps the memory's.
+    """
+    self_cache = cache.self_attn if cache is not None else None
+    cross_cache = cache.cross_attn if cache is not None else None
+
+    def self_attention(y):  # the target reads itself, up to the current position
+        return layer.dropout1(layer.self_attn(y, y, y, tgt_mask, cache=self_cache))  # [batch, tgt, d_model]
+
+    def cross_attention(y):  # queries from the decoder, keys and values from the encoder's memory
+        return layer.dropout2(layer.cross_attn(y, memory, memory, src_mask, cache=cross_cache))
+
+    def ffn(y):
+        return layer.dropout3(layer.feed_forward(y))  # [batch, tgt, d_model]
+
+    x = add_and_norm(x, self_attention, layer.norm1.gamma, layer.norm1.beta, layer.norm_first, layer.norm1.eps)
+    x = add_and_norm(x, cross_attention, layer.norm2.gamma, layer.norm2.beta, layer.norm_first, layer.norm2.eps)
+    return add_and_norm(x, ffn, layer.norm3.gamma, layer.norm3.beta, layer.norm_first, layer.norm3.eps)
+
+
 class DecoderLayer(nn.Module):
-    """Masked self-attention, cross-attention over the encoder memory, then the FFN."""
+    """Masked self-attention, cross-attention over the encoder memory, then the FFN, each inside a
+    residual connection (see decoder_layer_forward). As in EncoderLayer, the LayerNorms and dropouts
+    live in residual1-3; norm1-3, dropout1-3 and norm_first name them as the equations do."""
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0,
-                 norm_first: bool = False, activation: str = "relu"):
+                 norm_first: bool = False, activation: str = "relu", eps: float = 1e-5):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
         self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout)
         self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout, activation)
-        self.residual1 = ResidualConnection(d_model, dropout, norm_first)
-        self.residual2 = ResidualConnection(d_model, dropout, norm_first)
-        self.residual3 = ResidualConnection(d_model, dropout, norm_first)
+        self.residual1 = ResidualConnection(d_model, dropout, norm_first, eps)
+        self.residual2 = ResidualConnection(d_model, dropout, norm_first, eps)
+        self.residual3 = ResidualConnection(d_model, dropout, norm_first, eps)
+
+    @property
+    def norm1(self) -> LayerNorm:  # around the masked self-attention
+        return self.residual1.norm
+
+    @property
+    def norm2(self) -> LayerNorm:  # around the cross-attention
+        return self.residual2.norm
+
+    @property
+    def norm3(self) -> LayerNorm:  # around the FFN
+        return self.residual3.norm
+
+    @property
+    def dropout1(self) -> nn.Dropout:
+        return self.residual1.dropout
+
+    @property
+    def dropout2(self) -> nn.Dropout:
+        return self.residual2.dropout
+
+    @property
+    def dropout3(self) -> nn.Dropout:
+        return self.residual3.dropout
+
+    @property
+    def norm_first(self) -> bool:
+        return self.residual1.norm_first
 
     def forward(self, x, memory, src_mask=None, tgt_mask=None, cache: LayerCache | None = None):
-        self_cache = cache.self_attn if cache is not None else None
-        cross_cache = cache.cross_attn if cache is not None else None
-        x = self.residual1(x, lambda y: self.self_attn(y, y, y, tgt_mask, cache=self_cache))  # [batch, tgt, d_model]
-        # Queries from the decoder, keys and values from the encoder: this is where the
-        # target sentence looks at the source.
-        x = self.residual2(x, lambda y: self.cross_attn(y, memory, memory, src_mask, cache=cross_cache))
-        return self.residual3(x, self.feed_forward)
+        return decoder_layer_forward(x, memory, src_mask, tgt_mask, self, cache)  # [batch, tgt, d_model]
 
 
 def _check_n_layers(n_layers) -> None:
@@ -290,19 +348,41 @@ class Encoder(nn.Module):
         return encoder_forward(x, mask, self)
 
 
-class Decoder(nn.Module):
-    """N decoder layers (deep copies of `layer`, as in Encoder); a final LayerNorm in pre-norm."""
+def decoder_forward(x, memory, src_mask, tgt_mask, decoder: Decoder, layer_forward=None,
+                    cache: list[LayerCache] | None = None) -> torch.Tensor:
+    """The decoder stack: each layer reads the layer below, all read the same memory; then the final norm.
 
-    def __init__(self, layer: DecoderLayer, n_layers: int, norm_first: bool = False):
+    x: [batch, tgt, d_model]; memory: [batch, src, d_model]. `layer_forward(x, memory, src_mask,
+    tgt_mask, layer)` runs one layer (default: the layer's own forward, which also takes the
+    cache). `cache` holds one LayerCache per layer while decoding token by token.
+    """
+    for i, layer in enumerate(decoder.layers):
+        layer_cache = cache[i] if cache is not None else None
+        if layer_forward is None:
+            x = layer(x, memory, src_mask, tgt_mask, layer_cache)  # [batch, tgt, d_model]
+        elif layer_cache is None:
+            x = layer_forward(x, memory, src_mask, tgt_mask, layer)
+        else:
+            x = layer_forward(x, memory, src_mask, tgt_mask, layer, layer_cache)
+    return decoder.norm(x)
+
+
+class Decoder(nn.Module):
+    """N decoder layers (deep copies of `layer`, as in Encoder); a final LayerNorm in pre-norm.
+
+    layer_forward: a function (x, memory, src_mask, tgt_mask, layer) that runs one layer in place
+    of the layers' own forward (chapter 06 runs a decoder on the learner's decoder_layer_forward).
+    """
+
+    def __init__(self, layer: DecoderLayer, n_layers: int, norm_first: bool = False, layer_forward=None):
         super().__init__()
         _check_n_layers(n_layers)
         self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(n_layers))
         self.norm = LayerNorm(layer.self_attn.d_model) if norm_first else nn.Identity()
+        self.layer_forward = layer_forward
 
     def forward(self, x, memory, src_mask=None, tgt_mask=None, cache: list[LayerCache] | None = None):
-        for i, layer in enumerate(self.layers):
-            x = layer(x, memory, src_mask, tgt_mask, cache[i] if cache is not None else None)
-        return self.norm(x)
+        return decoder_forward(x, memory, src_mask, tgt_mask, self, self.layer_forward, cache)
 
 
 class TokenEmbedding(nn.Module):

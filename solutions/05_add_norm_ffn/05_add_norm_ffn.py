@@ -30,9 +30,9 @@
 # 7. **The stack**: six layers run by your code, and the parameter count of the paper's base encoder.
 #
 # Six exercises are autograded: `layer_norm`, `batch_norm`, `feed_forward`, `add_and_norm`,
-# `encoder_layer_forward` and `encoder_forward`. Each builds on the ones before: the encoder stack at the end runs
-# on your layer, your add & norm and your LayerNorm where they pass their checks. When an answer is wrong, the
-# test cell says which common mistake it looks like.
+# `encoder_layer_forward` and `encoder_forward`; together they take about 75 minutes. Each builds on the ones
+# before: the encoder stack at the end runs on your layer, your add & norm and your LayerNorm where they pass
+# their checks. When an answer is wrong, the test cell says which common mistake it looks like.
 #
 # The textbook treatment of this chapter's material is Simon J. D. Prince, *Understanding Deep Learning* (MIT
 # Press, 2023), section 12.4; the paper is Vaswani et al., "Attention Is All You Need" (NeurIPS 2017),
@@ -161,7 +161,7 @@ plt.show()
 
 # %% [markdown]
 # ### Exercise 1 — `layer_norm`
-# > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
+# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
 #
 # Write `layer_norm(x, gamma, beta, eps=1e-5)`.
 #
@@ -174,13 +174,18 @@ plt.show()
 # `beta` all zeros the output is about `[-1.3416, -0.4472, 0.4472, 1.3416]`. A constant vector such as
 # `[2., 2., 2.]` has variance 0: the output is `beta`, not NaN.
 #
-# <details><summary>Hint 1 — the idea</summary>Reduce over <code>dim=-1</code> with <code>keepdim=True</code>, so
-# that the mean and the variance, of shape <code>[..., 1]</code>, broadcast against <code>x</code> of shape
-# <code>[..., d]</code>. Everything else is the formula above, term by term.</details>
-# <details><summary>Hint 2 — the plan</summary><code>mean</code>: <code>[..., 1]</code>; <code>var</code>:
-# <code>[..., 1]</code>, the mean of <code>(x - mean) ** 2</code> over the last dimension (or
-# <code>x.var(dim=-1, keepdim=True, unbiased=False)</code>); <code>x_hat = (x - mean) / torch.sqrt(var + eps)</code>:
-# <code>[..., d]</code>; then scale and shift it.</details>
+# <details><summary>Hint 1 — the idea</summary>Each vector is normalised with its own statistics: reduce over the
+# last dimension only, and keep that dimension as a size-1 axis, so that the mean and the variance, of shape
+# <code>[..., 1]</code>, broadcast back against <code>x</code> of shape <code>[..., d]</code>. Everything else is
+# the formula above, term by term.</details>
+# <details><summary>Hint 2 — the plan</summary>Four quantities, in order. The mean, <code>[..., 1]</code>. The
+# biased variance, <code>[..., 1]</code>: the mean of the squared deviations from that mean (it divides by
+# <code>d</code>, not by <code>d - 1</code>). The normalised vectors, <code>[..., d]</code>: the deviations divided by
+# the square root of the variance plus <code>eps</code> (<code>eps</code> inside the root). Last, the scale by
+# <code>gamma</code> and the shift by <code>beta</code>, both <code>[d]</code>, which broadcast over the leading
+# dimensions.</details>
+# <details><summary>Hint 3 — one key expression</summary>The mean of every vector, kept as a size-1 axis:
+# <code>x.mean(dim=-1, keepdim=True)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "layer_norm", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def layer_norm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -270,7 +275,7 @@ plt.show()
 
 # %% [markdown]
 # ### Exercise 2 — `batch_norm`
-# > **Difficulty** ●●○ · **Importance** ●●○ · about 10 minutes
+# > **Difficulty** ●●○ · **Importance** ●●○ · about 20 minutes
 #
 # Write `batch_norm(x, mask=None, eps=1e-5)`, BatchNorm without its learned scale and shift (what
 # `nn.BatchNorm1d(d, affine=False)` computes in training mode):
@@ -287,12 +292,16 @@ plt.show()
 # `[[[-1.2247], [0.]], [[1.2247], [-1.8371]]]` (the padding's 0 becomes $-3/\sqrt{8/3}$).
 #
 # <details><summary>Hint 1 — the idea</summary>A mask is easiest as weights: 1.0 for a real token, 0.0 for
-# padding. A masked mean is a weighted sum divided by the sum of the weights; the variance is the masked mean of
-# <code>(x - mean) ** 2</code>. Without a mask, every weight is 1.</details>
-# <details><summary>Hint 2 — the plan</summary>weights <code>w = mask[..., None].to(x.dtype)</code>:
-# <code>[batch, seq, 1]</code>; the number of real tokens: <code>w.sum()</code>; <code>mean</code> and
-# <code>var</code>: <code>[1, 1, d]</code>, sums over <code>dim=(0, 1)</code> with <code>keepdim=True</code>;
-# then the same normalisation as LayerNorm, without gamma and beta.</details>
+# padding. A masked mean is then a weighted sum divided by the sum of the weights, and the variance is the masked
+# mean of the squared deviations from it. Without a mask, every weight is 1. Unlike LayerNorm, the sums run over
+# the batch and the positions, separately for every feature.</details>
+# <details><summary>Hint 2 — the plan</summary>The weights, <code>[batch, seq, 1]</code>: the mask with a trailing
+# axis, in the dtype of <code>x</code>, so that they broadcast over the <code>d</code> features (a mask of
+# <code>None</code> means every token is real). Their total, one number: the count of real tokens. The mean and
+# the variance, <code>[1, 1, d]</code>: weighted sums over the first two dimensions, kept as size-1 axes, divided
+# by that count. Then the normalisation of LayerNorm, without <code>gamma</code> and <code>beta</code>.</details>
+# <details><summary>Hint 3 — one key expression</summary>The masked mean of every feature, with the weights
+# <code>w</code> and their total <code>count</code>: <code>(x * w).sum(dim=(0, 1), keepdim=True) / count</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "batch_norm", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def batch_norm(x: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
@@ -423,11 +432,13 @@ for situation, (batch, real) in situations.items():
 # `b2 = [1.]`, the input `x = [[-2.]]` gives hidden values `[-2., 2.]`, then `[0., 2.]` after the ReLU, and
 # the output `[[7.]]` ($0 \cdot 2 + 2 \cdot 3 + 1$).
 #
-# <details><summary>Hint 1 — the idea</summary>Two matrix products, two biases, one <code>torch.relu</code>, in the
-# order of the formula. The <code>@</code> operator takes care of any batch dimensions.</details>
-# <details><summary>Hint 2 — the plan</summary>The hidden layer first, <code>hidden = torch.relu(x @ w1 + b1)</code>,
-# of shape <code>[..., d_ff]</code>; then project it back to <code>[..., d_model]</code>, with nothing applied
-# after the second bias.</details>
+# <details><summary>Hint 1 — the idea</summary>Two matrix products, two biases and one ReLU, in the order of the
+# formula. Python's matrix-product operator multiplies the last dimension of <code>x</code> with the first of a
+# matrix, whatever the leading dimensions are.</details>
+# <details><summary>Hint 2 — the plan</summary>First the hidden layer, <code>[..., d_ff]</code>: the input times
+# <code>w1</code>, plus <code>b1</code>, through the ReLU. Then project it back to <code>[..., d_model]</code> with
+# <code>w2</code> and <code>b2</code>, and apply nothing after the second bias.</details>
+# <details><summary>Hint 3 — one key expression</summary>The hidden layer: <code>torch.relu(x @ w1 + b1)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "feed_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def feed_forward(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor,
@@ -564,9 +575,13 @@ plt.show()
 # <details><summary>Hint 1 — the idea</summary>In pre-norm the sub-layer sees the normalised input, but the
 # residual adds the <em>raw</em> <code>x</code>. In post-norm the sub-layer sees the raw <code>x</code>, and the
 # sum is normalised.</details>
-# <details><summary>Hint 2 — the plan</summary>Two branches on <code>norm_first</code>, one line each. Post-norm
-# is <code>layer_norm_impl(..., gamma, beta, eps)</code> of a sum; pre-norm is <code>x + sublayer(...)</code>.
+# <details><summary>Hint 2 — the plan</summary>Two branches on <code>norm_first</code>, one return each. Post-norm:
+# the sub-layer reads the raw input, and the input plus the sub-layer's output goes through
+# <code>layer_norm_impl</code> with <code>gamma</code>, <code>beta</code> and <code>eps</code>. Pre-norm:
+# <code>layer_norm_impl</code> of the input goes into the sub-layer, and the raw input is added to what comes out.
 # Every tensor stays <code>[..., d_model]</code>.</details>
+# <details><summary>Hint 3 — one key expression</summary>Post-norm:
+# <code>layer_norm_impl(x + sublayer(x), gamma, beta, eps)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "add_and_norm", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def add_and_norm(x: torch.Tensor, sublayer, gamma: torch.Tensor, beta: torch.Tensor,
@@ -763,7 +778,7 @@ plt.show()
 
 # %% [markdown]
 # ### Exercise 5 — `encoder_layer_forward`
-# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
+# > **Difficulty** ●●○ · **Importance** ●●● · about 20 minutes
 #
 # Write `encoder_layer_forward(x, mask, layer)`, the forward pass of one encoder layer, from the parts of the
 # library's `EncoderLayer`:
@@ -786,13 +801,18 @@ plt.show()
 # Worked example: a freshly built `EncoderLayer(32, 4, 128)` has $\gamma = 1$ and $\beta = 0$ in both norms, so in
 # post-norm every output vector has mean 0 and norm $\sqrt{32} \approx 5.657$.
 #
-# <details><summary>Hint 1 — the idea</summary>Two residual sub-layers in a row: the attention, then the FFN.
-# Each is a function of one tensor, with its dropout at the end: <code>lambda y: layer.dropout1(layer.self_attn(y,
-# y, y, mask))</code> is the first. Exercise 4 already wraps such a function in Add & Norm.</details>
-# <details><summary>Hint 2 — the plan</summary>The first sub-layer, as one line:
-# <code>x = add_and_norm_impl(x, attention, layer.norm1.gamma, layer.norm1.beta, layer.norm_first, layer.norm1.eps)</code>;
-# the second is the same with the FFN, <code>norm2</code> and <code>dropout2</code>. Every step keeps
-# <code>[batch, seq, d_model]</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>Two residual sub-layers in a row: the attention, then the FFN. Write
+# each as a small function of one tensor, <code>[batch, seq, d_model]</code> in and out, with its dropout applied to
+# its output. Exercise 4 already wraps such a function in Add & Norm, post-norm or pre-norm.</details>
+# <details><summary>Hint 2 — the plan</summary>The attention function gives its input to
+# <code>layer.self_attn</code> as query, key and value, with the mask, and passes the result through
+# <code>layer.dropout1</code>; the FFN function is <code>layer.feed_forward</code> followed by
+# <code>layer.dropout2</code>. Then two steps: <code>x</code> becomes Add &amp; Norm of the attention function, with the
+# <code>gamma</code>, <code>beta</code> and <code>eps</code> of <code>layer.norm1</code> and
+# <code>layer.norm_first</code>; the result goes through Add &amp; Norm of the FFN function with those of
+# <code>layer.norm2</code>.</details>
+# <details><summary>Hint 3 — one key expression</summary>The attention sub-layer as a function:
+# <code>lambda y: layer.dropout1(layer.self_attn(y, y, y, mask))</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "encoder_layer_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def encoder_layer_forward(x: torch.Tensor, mask: torch.Tensor | None, layer: EncoderLayer) -> torch.Tensor:
@@ -891,9 +911,11 @@ with torch.no_grad():
 #
 # <details><summary>Hint 1 — the idea</summary>Each layer reads what the layer below wrote. The final norm comes
 # once, after the last layer, whatever kind of stack it is (in post-norm it is the identity).</details>
-# <details><summary>Hint 2 — the plan</summary>A loop, <code>for layer in encoder.layers:</code>, that replaces
-# <code>x</code> by the layer's output (always <code>[batch, seq, d_model]</code>); then one call of
-# <code>encoder.norm</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>A loop over <code>encoder.layers</code>, bottom first, in which
+# <code>x</code> is replaced by what <code>layer_forward</code> makes of it with the mask and that layer (always
+# <code>[batch, seq, d_model]</code>); after the loop, <code>encoder.norm</code> once.</details>
+# <details><summary>Hint 3 — one key expression</summary>One layer's output:
+# <code>layer_forward(x, mask, layer)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "encoder_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def encoder_forward(x: torch.Tensor, mask: torch.Tensor | None, encoder: Encoder, layer_forward) -> torch.Tensor:

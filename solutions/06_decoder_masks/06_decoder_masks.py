@@ -29,9 +29,10 @@
 # 6. **The three attention types** of the Transformer in one picture.
 # 7. **Pitfalls, live**: masking after the softmax, `-inf` and NaN, fill values that are not negative enough
 #    (and `-1e9` in float16), and queries with nothing to attend to.
+# 8. **The decoder layer, assembled** from these parts, run by your code, and checked against PyTorch's own.
 #
-# Five exercises are autograded: `make_causal_mask`, `make_padding_mask`, `combine_decoder_mask`,
-# `cross_attention` and `masked_softmax`.
+# Six exercises are autograded: `make_causal_mask`, `make_padding_mask`, `combine_decoder_mask`,
+# `cross_attention`, `masked_softmax` and `decoder_layer_forward`; together they take about 75 minutes.
 #
 # The convention of the whole course (chapter 02): a mask is a boolean tensor that broadcasts to the attention
 # scores `[..., L_q, L_k]`, and **`True` means "this query may attend to this key"**. It is the convention of
@@ -46,18 +47,21 @@ import math
 
 import matplotlib.pyplot as plt
 import torch
+import torch.nn as nn
 
 from transformer_lib.attention import MultiHeadAttention, attention_scores, scaled_dot_product_attention, softmax
-from transformer_lib.checks import exercise_summary, yours_or_reference
+from transformer_lib.checks import exercise_summary, model_calls, yours_or_reference
 from transformer_lib.checks.ch06 import (
     check_combine_decoder_mask,
     check_cross_attention,
+    check_decoder_layer_forward,
     check_make_causal_mask,
     check_make_padding_mask,
     check_masked_softmax,
 )
+from transformer_lib.claims import claim
 from transformer_lib.diagrams.ch06 import draw_mask, draw_three_attentions
-from transformer_lib.layers import DecoderLayer
+from transformer_lib.layers import Decoder, DecoderLayer, add_and_norm
 
 torch.manual_seed(0)
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -154,7 +158,8 @@ print(f"correct  : {sum(p == w for p, w in zip(cheat, target))} of {L}")
 # float mask of 0 and `-inf` instead of booleans.
 #
 # <details><summary>Hint 1 — the idea</summary>Entry <code>[i, j]</code> answers "may query i see key j?": yes when j ≤ i. Shade those cells of a 3 × 3 grid: they form a triangle, and the diagonal belongs to it.</details>
-# <details><summary>Hint 2 — the plan</summary>Start from a <code>[size, size]</code> boolean matrix of all True, <code>torch.ones(size, size, dtype=torch.bool)</code>, and keep one of its triangles with <code>torch.tril</code> or <code>torch.triu</code> (their <code>diagonal</code> argument says where the triangle starts). Print your answer for size 3 and compare it with the worked example before running the check.</details>
+# <details><summary>Hint 2 — the plan</summary>Start from a <code>[size, size]</code> boolean matrix that is True everywhere, and keep one of its triangles: <code>torch.tril</code> keeps the lower one and <code>torch.triu</code> the upper one, and their <code>diagonal</code> argument says where the triangle starts. Print your answer for size 3 and compare it with the worked example before running the check.</details>
+# <details><summary>Hint 3 — one key expression</summary>The all-True matrix: <code>torch.ones(size, size, dtype=torch.bool)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "make_causal_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def make_causal_mask(size: int) -> torch.Tensor:
@@ -330,7 +335,8 @@ print(tgt)
 # `[:, 0, 0]` of it is `[[True, True, False], [True, False, False]]`.
 #
 # <details><summary>Hint 1 — the idea</summary>A token is real when its id differs from <code>pad_id</code>: one comparison gives <code>[batch, seq]</code> booleans. Then give them the layout of the scores they will meet: keys on the last axis, size 1 on the heads and query axes.</details>
-# <details><summary>Hint 2 — the plan</summary><code>real = tokens != pad_id  # [batch, seq]</code>, then insert two singleton axes between the batch and the keys (indexing with <code>None</code> inserts one, so does <code>unsqueeze</code>), to reach <code>[batch, 1, 1, seq]</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>Two steps. Compare <code>tokens</code> with <code>pad_id</code>: <code>[batch, seq]</code> booleans, True at the real tokens. Then insert two size-1 axes between the batch and the keys, to reach <code>[batch, 1, 1, seq]</code> (indexing with <code>None</code> inserts an axis, and so does <code>unsqueeze</code>).</details>
+# <details><summary>Hint 3 — one key expression</summary>From <code>real</code>, <code>[batch, seq]</code>, to the per-head layout: <code>real[:, None, None, :]</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "make_padding_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def make_padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -491,7 +497,8 @@ except ValueError as err:
 # (yours if they passed their checks, the library's otherwise).
 #
 # <details><summary>Hint 1 — the idea</summary>Two rules, and a key must pass both: that is a logical AND of two boolean masks. Broadcasting lines the causal grid up with every sentence's padding row.</details>
-# <details><summary>Hint 2 — the plan</summary>Shapes: causal <code>[L, L]</code> AND padding <code>[batch, 1, 1, L]</code> gives <code>[batch, 1, L, L]</code>. A first line: <code>causal = make_causal_mask_impl(tokens.shape[1])  # [L, L]</code>. Which operator keeps a key only when <em>both</em> masks allow it?</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: the causal mask <code>[L, L]</code>, with <code>L</code> the length of the decoder's input; the padding mask <code>[batch, 1, 1, L]</code>; combined, they broadcast to <code>[batch, 1, L, L]</code>. <code>make_causal_mask_impl</code> and <code>make_padding_mask_impl</code> make the two ingredients.</details>
+# <details><summary>Hint 3 — one key expression</summary>The operator that keeps a key only when <em>both</em> masks allow it: <code>causal &amp; real</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "combine_decoder_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def combine_decoder_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -577,7 +584,7 @@ print("source padding mask, one head :", list(src_mask_1head.shape), "->", src_m
 
 # %% [markdown]
 # ### Exercise 4 — `cross_attention`
-# > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
+# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
 #
 # Write single-head cross-attention, `cross_attention(x, memory, w_q, w_k, w_v, mask=None)`, returning
 # `(output, weights)`.
@@ -597,7 +604,8 @@ print("source padding mask, one head :", list(src_mask_1head.shape), "->", src_m
 # `(output, weights)`), or write the scale, the fill and the softmax yourself.
 #
 # <details><summary>Hint 1 — the idea</summary>The recipe of chapter 02's self-attention, with the sources changed: the decoder asks, the encoder's memory answers. And no causal mask: the whole source exists before decoding starts.</details>
-# <details><summary>Hint 2 — the plan</summary>Shapes: <code>q</code> <code>[batch, T, d_k]</code> from <code>x</code>; <code>k</code> <code>[batch, S, d_k]</code> and <code>v</code> <code>[batch, S, d_v]</code> from <code>memory</code>; scores <code>q k^T / sqrt(d_k)</code> <code>[batch, T, S]</code>, where the mask <code>[batch, 1, S]</code> broadcasts over the rows. The scale belongs to <code>d_k = w_q.shape[-1]</code>, not to <code>d_model</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: <code>q</code> <code>[batch, T, d_k]</code> from <code>x</code>; <code>k</code> <code>[batch, S, d_k]</code> and <code>v</code> <code>[batch, S, d_v]</code> from <code>memory</code>; the scores <code>[batch, T, S]</code>, divided by the square root of <code>d_k</code> (the width of the queries and keys, not <code>d_model</code>); the mask <code>[batch, 1, S]</code> broadcasts over the rows and hides its keys before the softmax over the keys; the output, the weights times <code>v</code>, is <code>[batch, T, d_v]</code>.</details>
+# <details><summary>Hint 3 — one key expression</summary>The scaled scores: <code>q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "cross_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def cross_attention(x, memory, w_q, w_k, w_v, mask=None):
@@ -839,7 +847,7 @@ print("step 2, empty rows zeroed:\n", step2)
 
 # %% [markdown]
 # ### Exercise 5 — `masked_softmax`
-# > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
+# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
 #
 # Write `masked_softmax(scores, mask)`: the softmax over the last dimension (the keys) that respects a mask.
 #
@@ -853,7 +861,8 @@ print("step 2, empty rows zeroed:\n", step2)
 # You may use `torch.softmax` or the `softmax` of chapter 02 (imported above).
 #
 # <details><summary>Hint 1 — the idea</summary>Hidden scores must become so negative that their exponential is 0, yet stay finite, so that a row whose keys are all hidden does not compute −∞ − (−∞). Such a row then comes out uniform: set it to zero at the end.</details>
-# <details><summary>Hint 2 — the plan</summary>Three steps, every tensor <code>[..., L_q, L_k]</code>: fill, softmax over <code>dim=-1</code>, zero the empty rows. The first line: <code>hidden = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)</code>. For the last step, <code>mask.any(dim=-1, keepdim=True)</code> is <code>[..., L_q, 1]</code>: False exactly for the queries that see nothing.</details>
+# <details><summary>Hint 2 — the plan</summary>Three steps, every tensor <code>[..., L_q, L_k]</code>. Fill the hidden scores with the most negative finite number of their dtype (<code>torch.finfo</code> knows it). Take the softmax over the keys, the last dimension. Set to zero the rows of the queries that see no key at all: the mask reduced with <code>any</code> over the keys, keeping that axis, is <code>[..., L_q, 1]</code> and False exactly for them.</details>
+# <details><summary>Hint 3 — one key expression</summary>The fill: <code>scores.masked_fill(~mask, torch.finfo(scores.dtype).min)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "masked_softmax", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -989,6 +998,213 @@ left_padded = torch.tensor([[PAD, PAD, 1, 7, 8]])  # "<pad> <pad> <bos> you are"
 print("visible keys per query, left padding:", combine_decoder_mask_impl(left_padded, PAD)[0, 0].sum(-1).tolist())
 
 # %% [markdown]
+# ## 8. The decoder layer, assembled
+#
+# Every part of a decoder layer is now on the table. Vaswani et al. (2017, section 3.1) stack three sub-layers,
+# each inside the Add & Norm of chapter 05:
+#
+# $$x \leftarrow \mathrm{LN}_1\big(x + \mathrm{MaskedSelfAttn}(x)\big), \qquad
+# x \leftarrow \mathrm{LN}_2\big(x + \mathrm{CrossAttn}(x, M)\big), \qquad
+# x \leftarrow \mathrm{LN}_3\big(x + \mathrm{FFN}(x)\big).$$
+#
+# The masked self-attention lets each target position read the target up to itself, under the mask of
+# exercise 3. The cross-attention takes its queries from the decoder and its keys and values from the encoder's
+# memory $M$, under the source padding mask (exercise 4). The feed-forward network then works on each position
+# alone. It is chapter 05's encoder layer with one more sub-layer in the middle, and the pre-norm form is the same
+# change as there: $x \leftarrow x + \mathrm{Sublayer}(\mathrm{LN}(x))$ for each of the three.
+
+# %% [markdown]
+# ### Exercise 6 — `decoder_layer_forward`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 25 minutes
+#
+# Write `decoder_layer_forward(x, memory, src_mask, tgt_mask, layer)`, the forward pass of one decoder layer, from
+# the parts of the library's `DecoderLayer`, wired as chapter 05's `encoder_layer_forward`:
+#
+# * `x`: `[batch, T, d_model]`, the decoder's input; `memory`: `[batch, S, d_model]`, the encoder's output.
+#   Returns `[batch, T, d_model]`.
+# * `src_mask`: the source padding mask `[batch, 1, 1, S]`, or `None`. `tgt_mask`: the mask of the decoder's
+#   self-attention, causal AND target padding `[batch, 1, T, T]` (or a plain causal `[T, T]`), or `None`.
+# * `layer`: a `DecoderLayer`. Its parts:
+#   * `layer.self_attn` and `layer.cross_attn`: two `MultiHeadAttention` modules, each called with a query, a key,
+#     a value and a mask;
+#   * `layer.feed_forward`: the position-wise FFN of chapter 05, as a module;
+#   * `layer.norm1`, `layer.norm2`, `layer.norm3`: the `LayerNorm`s around the self-attention, the cross-attention
+#     and the FFN. Call one on a tensor, or hand its `.gamma`, `.beta` and `.eps` to chapter 05's `add_and_norm`
+#     (imported above from the library);
+#   * `layer.dropout1`, `layer.dropout2`, `layer.dropout3`: `nn.Dropout` modules, one per sub-layer, applied to its
+#     output before it is added to `x` (the checker runs them in eval mode, where they do nothing);
+#   * `layer.norm_first`: `False` for post-norm (the paper), `True` for pre-norm.
+#
+# Do not call the layer itself on `x`: that runs the library's own forward pass (the checker refuses it).
+#
+# Worked example: a fresh `DecoderLayer(16, 2, 32)` has $\gamma = 1$ and $\beta = 0$ in its three norms, so in
+# post-norm every output vector has mean 0 and norm $\sqrt{16} = 4$. The check also runs your function a second
+# time, after changing the last real target token of every sentence: the outputs at the earlier positions must
+# not move at all.
+#
+# <details><summary>Hint 1 — the idea</summary>Chapter 05's encoder layer with a third sub-layer in the middle. Write
+# each sub-layer as a small function of one tensor, <code>[batch, T, d_model]</code> in and out, with its dropout
+# applied to its output, and wrap each in Add &amp; Norm. Only the middle one looks at the memory, and only the
+# first one needs the causal mask.</details>
+# <details><summary>Hint 2 — the plan</summary>Three steps, each replacing <code>x</code>. First Add &amp; Norm with
+# <code>layer.norm1</code> around the masked self-attention: the decoder's stream as query, key and value, with
+# <code>tgt_mask</code>. Then Add &amp; Norm with <code>layer.norm2</code> around the cross-attention: the stream as the
+# query, the memory as key and value, with <code>src_mask</code>. Last, Add &amp; Norm with <code>layer.norm3</code>
+# around the FFN. In pre-norm only the decoder's stream is normalised before a sub-layer, never the memory.</details>
+# <details><summary>Hint 3 — one key expression</summary>The cross-attention as a function of the decoder's stream:
+# <code>lambda y: layer.dropout2(layer.cross_attn(y, memory, memory, src_mask))</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "decoder_layer_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def decoder_layer_forward(x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor | None,
+                          tgt_mask: torch.Tensor | None, layer: DecoderLayer) -> torch.Tensor:
+    """Masked self-attention, cross-attention over the memory, then the FFN, each inside Add & Norm.
+
+    x: [batch, T, d_model]; memory: [batch, S, d_model]; src_mask, tgt_mask: None or bool masks (True = may attend).
+    Returns [batch, T, d_model].
+    """
+    ### BEGIN SOLUTION
+    def self_attention(y):  # the target reads itself, up to each position
+        return layer.dropout1(layer.self_attn(y, y, y, tgt_mask))  # [batch, T, d_model]
+
+    def cross_attention(y):  # queries from the decoder, keys and values from the encoder's memory
+        return layer.dropout2(layer.cross_attn(y, memory, memory, src_mask))  # [batch, T, d_model]
+
+    def ffn(y):  # each position on its own
+        return layer.dropout3(layer.feed_forward(y))  # [batch, T, d_model]
+
+    if layer.norm_first:  # pre-norm: normalise the stream before each sub-layer, add the raw stream
+        x = x + self_attention(layer.norm1(x))
+        x = x + cross_attention(layer.norm2(x))
+        return x + ffn(layer.norm3(x))
+    x = layer.norm1(x + self_attention(x))  # post-norm: normalise each sum
+    x = layer.norm2(x + cross_attention(x))
+    return layer.norm3(x + ffn(x))
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "decoder_layer_forward_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_decoder_layer_forward(decoder_layer_forward)
+### BEGIN HIDDEN TESTS
+check_decoder_layer_forward(decoder_layer_forward, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+decoder_layer_forward_impl = yours_or_reference(decoder_layer_forward, check_decoder_layer_forward)
+
+# %% [markdown]
+# ### Your layer in a decoder
+#
+# The library's `Decoder(layer, n_layers, norm_first, layer_forward=...)` stacks deep copies of a `DecoderLayer`,
+# and runs each of them with the function it is given: here `decoder_layer_forward_impl`, yours if it passed. We
+# build a two-layer decoder (each layer with its own random weights), count the calls that one forward pass makes to your function, and run it on the first
+# sentence pair of the batch, *je suis étudiant* → `<bos> I am a student`, the target embedded with the `embed`
+# table of section 3 and the memory a random stand-in for an encoder's output.
+
+# %%
+torch.manual_seed(12)
+decoder = Decoder(DecoderLayer(d_model, n_heads, d_ff=32), n_layers=2,
+                  layer_forward=decoder_layer_forward_impl).eval()
+for p in decoder.parameters():  # the two copies start equal: give each layer its own random matrices
+    if p.dim() > 1:
+        nn.init.xavier_uniform_(p)
+with torch.no_grad():
+    dec_x = embed(tgt[:1])                 # [1, 5, d_model]: "<bos> I am a student"
+    dec_memory = torch.randn(1, 4, d_model)  # [1, 4, d_model]: "je suis étudiant <pad>"
+one_src_mask, one_tgt_mask = src_mask[:1], tgt_mask[:1]  # [1, 1, 1, 4] and [1, 1, 5, 5]
+assert model_calls(decoder, decoder_layer_forward_impl, dec_x, dec_memory, one_src_mask, one_tgt_mask) == 2
+whose = "your" if decoder_layer_forward_impl is decoder_layer_forward else "the library's"
+print(f"the decoder runs {whose} decoder_layer_forward, once per layer")
+
+# %% [markdown]
+# **Predict**: we change the input vector at one target position $j$ and record how much every output position
+# $i$ moves. Which cells of the $5 \times 5$ grid of changes can be non-zero with the causal mask? And without any
+# target mask?
+
+# %%
+def influence(tgt_mask_used):
+    """[changed input position j, output position i]: the largest change of output i when input j changes."""
+    g = torch.Generator().manual_seed(13)
+    grid = torch.zeros(L, L)
+    with torch.no_grad():
+        base = decoder(dec_x, dec_memory, one_src_mask, tgt_mask_used)  # [1, 5, d_model]
+        for j in range(L):
+            changed = dec_x.clone()
+            changed[0, j] = torch.randn(d_model, generator=g)
+            grid[j] = (decoder(changed, dec_memory, one_src_mask, tgt_mask_used) - base).abs().amax(dim=-1)[0]
+    return grid
+
+
+with_mask, without_mask = influence(one_tgt_mask), influence(None)
+words0 = batch_words[0]
+top = max(with_mask.max(), without_mask.max()).item()  # one colour scale for both grids
+fig, axes = plt.subplots(1, 2, figsize=(8, 3.4))
+for ax, grid, title in [(axes[0], with_mask, "causal AND padding mask"), (axes[1], without_mask, "no target mask")]:
+    im = ax.imshow(grid, cmap="Oranges", vmin=0, vmax=top)
+    ax.set_xticks(range(L), words0, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(L), words0, fontsize=8)
+    ax.set_xlabel("output position i", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    for j in range(L):
+        for i in range(L):
+            ax.text(i, j, "0" if grid[j, i] == 0 else "", ha="center", va="center", fontsize=8)
+axes[0].set_ylabel("input position j changed", fontsize=8)
+fig.colorbar(im, ax=axes, fraction=0.03)
+plt.show()
+past = torch.ones(L, L, dtype=torch.bool).triu(1).T  # [j, i]: output i comes before the changed input j
+print("largest change of an output before the changed position, causal mask:", with_mask[past].max().item())
+claim(bool((without_mask[past] > 1e-3).all()), "without a target mask, changing an input moves every output before it")
+
+# %% [markdown]
+# With the mask, every cell below the diagonal is exactly 0: changing input $j$ moves outputs $j$ and after, never
+# an earlier one, through both layers of the stack (a cell marked 0 is zero to the last bit). Without a target
+# mask, every input moves every output, the future included. That is the property the library's `DecoderLayer`
+# showed in section 2, now measured on your layer in a stack.
+#
+# Is it the layer PyTorch ships? We copy the weights of one `DecoderLayer` into `nn.TransformerDecoderLayer` and
+# compare, in both forms, with both masks. PyTorch keeps $W^Q, W^K, W^V$ stacked in one `in_proj_weight`, names
+# its cross-attention `multihead_attn`, and its boolean masks mark what is *hidden* (`True` = may not attend), the
+# opposite of this course's convention.
+
+# %%
+def to_torch_decoder_layer(ours: DecoderLayer) -> nn.TransformerDecoderLayer:
+    theirs = nn.TransformerDecoderLayer(d_model, n_heads, ours.feed_forward.linear1.out_features, dropout=0.0,
+                                        batch_first=True, norm_first=ours.norm_first)
+    with torch.no_grad():
+        for mine, torch_attn in [(ours.self_attn, theirs.self_attn), (ours.cross_attn, theirs.multihead_attn)]:
+            torch_attn.in_proj_weight.copy_(torch.cat([mine.w_q.weight, mine.w_k.weight, mine.w_v.weight]))
+            torch_attn.in_proj_bias.copy_(torch.cat([mine.w_q.bias, mine.w_k.bias, mine.w_v.bias]))
+            torch_attn.out_proj.load_state_dict(mine.w_o.state_dict())
+        theirs.linear1.load_state_dict(ours.feed_forward.linear1.state_dict())
+        theirs.linear2.load_state_dict(ours.feed_forward.linear2.state_dict())
+        for torch_norm, my_norm in [(theirs.norm1, ours.norm1), (theirs.norm2, ours.norm2), (theirs.norm3, ours.norm3)]:
+            torch_norm.weight.copy_(my_norm.gamma)
+            torch_norm.bias.copy_(my_norm.beta)
+    return theirs.train()  # training mode with dropout 0: PyTorch's plain (not fused) path
+
+
+torch.manual_seed(14)
+dec_states3 = torch.randn(3, 5, d_model)  # [batch, T, d_model]: the three target sentences of section 3
+memory3 = torch.randn(3, 4, d_model)      # [batch, S, d_model]: the three source sentences
+with torch.no_grad():
+    for norm_first in [False, True]:
+        ours = DecoderLayer(d_model, n_heads, d_ff=32, norm_first=norm_first).eval()
+        ours.norm1.gamma.uniform_(0.5, 1.5)  # not all ones, so that a misplaced norm would show
+        ours.norm3.beta.normal_()
+        theirs = to_torch_decoder_layer(ours)
+        mine = decoder_layer_forward_impl(dec_states3, memory3, src_mask, tgt_mask, ours)
+        reference = theirs(dec_states3, memory3, tgt_mask=~tgt_mask.repeat_interleave(n_heads, dim=0).squeeze(1),
+                           memory_key_padding_mask=src == PAD)  # PyTorch: True = hidden
+        gap = (mine - reference).abs().max().item()
+        claim(gap < 1e-5, f"norm_first={norm_first}: decoder_layer_forward_impl and nn.TransformerDecoderLayer "
+              "agree to 1e-5", measured=f"{gap:.1e}")
+
+# %% [markdown]
+# Chapter 07 stacks this layer into the whole encoder–decoder and trains it. The library's `DecoderLayer` runs
+# the same top-level `decoder_layer_forward` that your answer was compared with, plus one thing that only
+# generation needs: a key/value cache, so that the decoder can be fed one new token at a time (chapter 07,
+# section 4).
+
+# %% [markdown]
 # ## Summary
 #
 # * **Teacher forcing** feeds the whole (shifted) target to the decoder at once; without a mask, position $t$
@@ -1007,6 +1223,9 @@ print("visible keys per query, left padding:", combine_decoder_mask_impl(left_pa
 # * Masks act on the **scores, before the softmax**. Fill with `torch.finfo(dtype).min`, not `-inf` (NaN on
 #   empty rows), not a small constant (leaks), not `-1e9` (which is `-inf` in float16), and zero the rows
 #   with nothing to attend to. That is `masked_softmax`, which the library's attention uses.
+# * A **decoder layer** is masked self-attention, cross-attention over the memory, then the FFN, each inside Add &
+#   Norm (`decoder_layer_forward`). A two-layer decoder running it kept every output before a changed target token
+#   exactly unchanged, and one layer matched `nn.TransformerDecoderLayer` in both norm placements.
 #
 # ## What's next
 #
@@ -1022,7 +1241,7 @@ print("visible keys per query, left padding:", combine_decoder_mask_impl(left_pa
 
 # %%
 exercise_summary(check_make_causal_mask, check_make_padding_mask, check_combine_decoder_mask,
-                 check_cross_attention, check_masked_softmax)
+                 check_cross_attention, check_masked_softmax, check_decoder_layer_forward)
 
 # %% [markdown]
 # ## Glossary · 术语表
@@ -1045,3 +1264,5 @@ exercise_summary(check_make_causal_mask, check_make_padding_mask, check_combine_
 # | fully masked row | 全被屏蔽的行 | a query with no visible key; must give zero weights, not NaN |
 # | NaN | 非数（NaN） | "not a number", e.g. $-\infty - (-\infty)$; spreads through every later sum |
 # | float16 / half precision | 半精度浮点 | 16-bit floats, largest magnitude 65504: `-1e9` overflows to `-inf` |
+# | decoder layer | 解码器层 | masked self-attention, cross-attention, then the FFN, each inside Add & Norm |
+# | decoder stack | 解码器堆叠 | $N$ decoder layers, each reading the layer below and the same encoder memory |

@@ -47,8 +47,11 @@
 # 9. **Exact match** on held-out dates, decoded with your `greedy_decode`.
 # 10. **Teacher forcing vs free running**: what changes when the model reads its own guesses.
 # 11. **Where the decoder looks**: the cross-attention between a date and its ISO form.
-# 12. **Greedy vs beam search**.
+# 12. **Greedy vs beam search**: keep several candidates, and compare on the trained model.
+#     *Exercise 8: `beam_search`.*
 # 13. **What encoding once and the cache save**, counted and timed.
+#
+# The eight exercises take about 140 minutes.
 
 # %%
 import copy
@@ -64,6 +67,7 @@ import torch.nn.functional as F
 from transformer_lib import decoding
 from transformer_lib.checks import exercise_summary, yours_or_reference
 from transformer_lib.checks.ch07 import (
+    check_beam_search,
     check_greedy_decode,
     check_label_smoothed_loss,
     check_label_smoothed_targets,
@@ -74,7 +78,7 @@ from transformer_lib.checks.ch07 import (
 )
 from transformer_lib.claims import claim
 from transformer_lib.datasets import DATE_FORMATS, dates_task, format_date, make_loader
-from transformer_lib.decoding import beam_search, sample_next_token, sequence_log_prob
+from transformer_lib.decoding import gnmt_length_penalty, reorder_cache, sample_next_token, sequence_log_prob
 from transformer_lib.diagrams.ch07 import draw_encoder_decoder
 from transformer_lib.layers import EncoderDecoder, TransformerConfig, count_parameters
 from transformer_lib.masks import causal_mask, padding_mask
@@ -237,10 +241,13 @@ for temperature in [1.0, 0.5, 2.0]:
 #
 # <details><summary>Hint 1 — the idea</summary>Find the <code>k</code> largest values of each row and where they are,
 # then build a row of <code>-inf</code> and put those values back in their places.</details>
-# <details><summary>Hint 2 — the plan</summary><code>logits.topk(k, dim=-1)</code> gives values and indices, each
-# <code>[..., k]</code>; <code>torch.full_like(logits, float('-inf'))</code> is the <code>[..., vocab]</code> canvas;
-# <code>.scatter(-1, indices, values)</code> writes into it. (A threshold, <code>logits &lt; k-th value</code>, keeps
-# too many entries when there are ties.)</details>
+# <details><summary>Hint 2 — the plan</summary>Three tensors. The <code>k</code> largest values of each row and their
+# indices, each <code>[..., k]</code> (PyTorch's <code>topk</code> over the last dimension gives both). A canvas of
+# <code>-inf</code> with the shape and dtype of <code>logits</code>, <code>[..., vocab]</code>. The canvas with the values
+# written back at their indices along the last dimension (that is what <code>scatter</code> does). A threshold at the
+# k-th value would keep too many entries when several logits tie with it.</details>
+# <details><summary>Hint 3 — one key expression</summary>The values and their indices:
+# <code>logits.topk(k, dim=-1)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "top_k_filter", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -308,12 +315,12 @@ print(f"temperature 1.0, top_k 2: counts {torch.bincount(draws, minlength=5).tol
 # along the positions; a static one (for cross-attention) is filled on the first call and read afterwards. Each
 # decoder layer keeps one of each in a `LayerCache`, and the model offers the interface a decoding loop needs:
 #
-# | call | returns |
-# |---|---|
-# | `model.encode(src, src_mask)` | the memory `[batch, S, d_model]` |
-# | `model.new_cache()` | an empty cache: one `LayerCache` per decoder layer |
-# | `model.decode(memory, src_mask, new_tokens, cache=cache)` | `[batch, new, d_model]`, the new tokens placed after the cached ones |
-# | `model.generator(hidden)` | log-probabilities `[..., V]` |
+# | method | takes | returns |
+# |---|---|---|
+# | `model.encode` | the source and its mask | the memory `[batch, S, d_model]` |
+# | `model.new_cache` | nothing | an empty cache: one `LayerCache` per decoder layer |
+# | `model.decode` | the memory, the source mask, the new tokens, and the cache as `cache=` | `[batch, new, d_model]`, the new tokens placed after the cached ones |
+# | `model.generator` | the decoder's output | log-probabilities `[..., V]` |
 #
 # "After the cached ones" needs one more thing than the cache: the positions. `decode` adds a position vector to
 # each token it is fed (chapter 04), and the newest token, fed alone, must get the vector of its own position, not
@@ -353,7 +360,7 @@ print("newest position, cached vs whole prefix: equal up to rounding:",
 # when the decoder re-reads the whole prefix.
 #
 # ### Exercise 2 — `greedy_decode`
-# > **Difficulty** ●●● · **Importance** ●●● · about 30 minutes
+# > **Difficulty** ●●○ · **Importance** ●●● · about 25 minutes
 #
 # Write `greedy_decode(model, src, src_mask, max_len, bos_id, eos_id)`: the loop above, for a whole batch, until
 # the end.
@@ -378,11 +385,14 @@ print("newest position, cached vs whole prefix: equal up to rounding:",
 # the memory, the cache, the first column of <code>bos_id</code>, and a boolean <code>finished</code> flag per row.
 # Inside the loop, only the newest token goes into the decoder: the cache holds the rest.</details>
 # <details><summary>Hint 2 — the plan</summary>Shapes, step by step: <code>tokens</code> starts as
-# <code>[batch, 1]</code> of <code>bos_id</code> (<code>dtype=torch.long</code>); each step the decoder gets
-# <code>tokens[:, -1:]</code> and the cache, and returns <code>[batch, 1, d_model]</code>; the generator on that last
-# position gives <code>[batch, V]</code>; the argmax over the vocabulary gives <code>[batch]</code>; finished rows get
-# <code>eos_id</code> instead; the result becomes a new column, <code>[batch, t + 1]</code>; then <code>finished</code> is
-# updated, and the loop ends when every row is finished.</details>
+# <code>[batch, 1]</code> of <code>bos_id</code>, of dtype <code>torch.long</code>; each step the decoder gets only the last
+# column, <code>[batch, 1]</code>, with the cache, and returns <code>[batch, 1, d_model]</code>; the generator on that
+# position gives <code>[batch, V]</code>; the argmax over the vocabulary gives <code>[batch]</code>; the rows already
+# finished get <code>eos_id</code> instead; the result becomes a new column, <code>[batch, t + 1]</code>; then the
+# <code>finished</code> flags take in this step's <code>eos_id</code>s, and the loop ends when every row is
+# finished.</details>
+# <details><summary>Hint 3 — one key expression</summary>The finished rows write <code>eos_id</code>, whatever the
+# model wants: <code>next_token.masked_fill(finished, eos_id)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "greedy_decode", "locked": false, "schema_version": 3, "solution": true, "task": false}
 @torch.no_grad()
@@ -501,10 +511,14 @@ plt.show()
 # <details><summary>Hint 1 — the idea</summary>Start from a tensor in which every entry is the share of an
 # "other" token, then fix three things: the target's column, the <code>pad_id</code> column, and the rows whose
 # target is <code>pad_id</code>.</details>
-# <details><summary>Hint 2 — the plan</summary><code>torch.full((*target.shape, vocab_size), smoothing / (vocab_size - 2))</code>
-# is the <code>[..., V]</code> start; <code>q.scatter_(-1, target.unsqueeze(-1), ...)</code> writes one value per row at the
-# target's index; plain indexing (<code>q[..., pad_id]</code>, <code>q[target == pad_id]</code>) does the other two
-# fixes.</details>
+# <details><summary>Hint 2 — the plan</summary>The start: a float tensor of shape <code>[..., V]</code>, the shape of
+# <code>target</code> with the vocabulary added, filled with the smoothing divided by <code>V - 2</code>. Then the three
+# fixes. At every position, the target's column gets <code>1 - smoothing</code>: a scatter along the last dimension
+# writes one value per row, at an index taken from <code>target</code> given a trailing size-1 axis. The
+# <code>pad_id</code> column is set to 0 at every position. Last, every row whose target is <code>pad_id</code> is set
+# to zeros: a boolean index, True where <code>target</code> equals <code>pad_id</code>, selects those rows.</details>
+# <details><summary>Hint 3 — one key expression</summary>The target's column:
+# <code>q.scatter_(-1, target.unsqueeze(-1), 1.0 - smoothing)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "label_smoothed_targets", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def label_smoothed_targets(target: torch.Tensor, vocab_size: int, smoothing: float, pad_id: int) -> torch.Tensor:
@@ -532,7 +546,7 @@ label_smoothed_targets_impl = yours_or_reference(label_smoothed_targets, check_l
 
 # %% [markdown]
 # ### Exercise 4 — `label_smoothed_loss`
-# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
+# > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
 #
 # The loss the model is trained on compares the generator's log-probabilities with these targets, position by
 # position, and averages over the positions that are real tokens:
@@ -558,9 +572,12 @@ label_smoothed_targets_impl = yours_or_reference(label_smoothed_targets, check_l
 # positions (a sum), then one division by the count of real tokens. Build $q$ with your
 # <code>label_smoothed_targets</code> (or <code>label_smoothed_targets_impl</code>, which is the reference when yours
 # does not pass yet).</details>
-# <details><summary>Hint 2 — the plan</summary><code>q</code> is <code>[..., V]</code> like <code>log_probs</code>, so
-# <code>-(q * log_probs).sum(dim=-1)</code> is <code>[...]</code>: one $H$ per position, 0 where the target is
-# <code>&lt;pad&gt;</code>. What remains is a sum over those positions and one division.</details>
+# <details><summary>Hint 2 — the plan</summary><code>q</code> is <code>[..., V]</code> like <code>log_probs</code>. Their
+# product, summed over the vocabulary, with a minus sign, is <code>[...]</code>: one $H$ per position, 0 where the
+# target is <code>&lt;pad&gt;</code>. What remains is a sum over all those positions and one division, by the number of
+# target entries that are not <code>pad_id</code>.</details>
+# <details><summary>Hint 3 — one key expression</summary>One $H$ per position:
+# <code>-(q * log_probs).sum(dim=-1)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "label_smoothed_loss", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def label_smoothed_loss(log_probs: torch.Tensor, target: torch.Tensor, smoothing: float, pad_id: int) -> torch.Tensor:
@@ -668,8 +685,10 @@ print(f"the loss of a model that predicts q exactly: "
 # the target's last column, so that the length stays <code>T</code>.</details>
 # <details><summary>Hint 2 — the plan</summary>A <code>[batch, 1]</code> column of <code>bos_id</code> with the
 # dtype of <code>tgt</code> (<code>torch.full_like</code> on a one-column slice of <code>tgt</code> makes one), and the
-# first <code>T - 1</code> columns of <code>tgt</code>, <code>[batch, T - 1]</code>, joined along <code>dim=1</code>:
-# <code>[batch, T]</code>.</details>
+# first <code>T - 1</code> columns of <code>tgt</code>, <code>[batch, T - 1]</code>, joined along the second dimension:
+# <code>[batch, T]</code>. The target is <code>tgt</code> itself.</details>
+# <details><summary>Hint 3 — one key expression</summary>The shifted input:
+# <code>torch.cat([bos_column, tgt[:, :-1]], dim=1)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "teacher_forcing_inputs", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def teacher_forcing_inputs(tgt: torch.Tensor, bos_id: int):
@@ -744,10 +763,11 @@ print("decoder input", list(batch.decoder_input.shape), " target", list(batch.ta
 #
 # <details><summary>Hint 1 — the idea</summary>Two candidate rates, a rising line and a falling curve, and the
 # smaller one wins; a constant factor $d_{model}^{-0.5}$ in front.</details>
-# <details><summary>Hint 2 — the plan</summary>Python's <code>**</code> takes negative and fractional powers:
-# <code>step ** -0.5</code> is the falling curve. The rising line is <code>step</code> times a constant slope, and it
-# must meet the curve at <code>step = warmup</code>: that fixes the slope. Python's <code>min</code> takes the
-# smaller of two floats.</details>
+# <details><summary>Hint 2 — the plan</summary>Python's power operator takes negative and fractional exponents: the
+# falling curve is the step to the power −0.5. The rising line is the step times a constant slope, and it must meet
+# the curve where the step equals <code>warmup</code>: that fixes the slope. Python's built-in <code>min</code> takes
+# the smaller of two floats, and $d_{model}^{-0.5}$ multiplies the result.</details>
+# <details><summary>Hint 3 — one key expression</summary>The rising line: <code>step * warmup ** -1.5</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "noam_learning_rate", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def noam_learning_rate(step: int, d_model: int, warmup: int) -> float:
@@ -806,24 +826,27 @@ print(f"paper's peak: {noam_learning_rate_impl(4000, 512, 4000) * 1e4:.2f} x 10^
 #
 # ### One step
 #
-# Training repeats one step a few hundred times. Given a batch (from `prepare_batch`, section 6), a step:
+# Training repeats one step a few hundred times. Given a batch (from `prepare_batch`, section 6), a step does six
+# things:
 #
-# 1. **clears the old gradients**, `optimizer.zero_grad()`: PyTorch *adds* every new gradient to what `.grad`
-#    already holds, so without this each step would also push along all the previous steps' gradients;
-# 2. runs the model on the whole batch, all target positions at once: the decoder reads `decoder_input` under the
-#    causal-and-padding mask, and the model returns log-probabilities `[batch, T, V]`;
-# 3. computes the loss against `target` (section 5) and back-propagates it, `loss.backward()`;
-# 4. **clips** the gradient's norm to `max_norm`, `torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)`:
-#    if the gradients of all the weights, taken as one long vector, are longer than `max_norm`, they are scaled
-#    down to that length, a cheap guard against a rare huge step. It must come between `backward()` (which makes
-#    the gradients) and the optimizer's step (which uses them);
-# 5. lets the optimizer update the weights, `optimizer.step()`;
-# 6. lets the scheduler set the learning rate of the *next* step, `scheduler.step()` (section 7).
+# * it **clears the old gradients**. PyTorch *adds* every new gradient to what each parameter's `.grad` already
+#   holds, and the optimizer is the object that can empty them all; without this, each step would also push along
+#   all the previous steps' gradients;
+# * it runs the model on the whole batch, all target positions at once: the decoder reads `decoder_input` under the
+#   causal-and-padding mask, and the model returns log-probabilities `[batch, T, V]`;
+# * it computes the loss against `target` (section 5) and **back-propagates** it, which fills every `.grad`;
+# * it **clips** the gradient's norm to `max_norm`: if the gradients of all the weights, taken as one long vector,
+#   are longer than `max_norm`, they are scaled down to that length, a cheap guard against a rare huge step.
+#   PyTorch's `torch.nn.utils.clip_grad_norm_` does it, given the parameters and the threshold. Clipping changes
+#   the gradients, so it only helps between the moment they are made and the moment they are used;
+# * it lets the **optimizer** update the weights from the gradients;
+# * it lets the **scheduler** set the learning rate of the *next* step (section 7).
 #
 # ### Exercise 7 — `train_step`
 # > **Difficulty** ●●○ · **Importance** ●●● · about 20 minutes
 #
-# Write `train_step(model, batch, loss_fn, optimizer, scheduler, max_norm)`: the six steps above, once.
+# Write `train_step(model, batch, loss_fn, optimizer, scheduler, max_norm)`: the six things above, once each, in
+# an order that works.
 #
 # * `batch` has five fields: `batch.src` `[batch, S]`, `batch.src_mask` `[batch, 1, 1, S]`, `batch.decoder_input`
 #   `[batch, T]`, `batch.target` `[batch, T]` and `batch.tgt_mask` `[batch, 1, T, T]`; call the model as
@@ -836,12 +859,17 @@ print(f"paper's peak: {noam_learning_rate_impl(4000, 512, 4000) * 1e4:.2f} x 10^
 # (The check runs your function for two steps, on two small batches, and compares with the reference the two
 # losses, every weight of the model after each step, and the learning rate after the second step.)
 #
-# <details><summary>Hint 1 — the idea</summary>Seven lines, one per item of the list (the forward pass and the loss
-# make two). The exercise is the order: what must happen before what, and why.</details>
-# <details><summary>Hint 2 — the plan</summary>The model's output is <code>[batch, T, V]</code> and
-# <code>loss_fn</code> turns it and <code>batch.target</code> <code>[batch, T]</code> into a 0-dimensional tensor. The
-# one line that is easy to misplace: <code>torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)</code> goes
-# after <code>loss.backward()</code> and before <code>optimizer.step()</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>One short statement per item of the list, plus the return. The
+# exercise is the order: each thing must exist before it is used, and nothing of this step's gradients may leak
+# into the next one.</details>
+# <details><summary>Hint 2 — the plan</summary>Three phases. Before the forward pass, nothing may be left of the
+# previous step's gradients. The forward phase: the model's output, <code>[batch, T, V]</code>, and
+# <code>loss_fn</code> of it and <code>batch.target</code>, <code>[batch, T]</code>, a 0-dimensional tensor. The update
+# phase: the backward pass makes the gradients and the optimizer uses them, so whatever changes them sits in between;
+# the scheduler comes last, since it prepares the next step. Return the loss as a Python number, not as a
+# tensor.</details>
+# <details><summary>Hint 3 — one key expression</summary>The clipping:
+# <code>torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "train_step", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def train_step(model, batch, loss_fn, optimizer, scheduler, max_norm: float) -> float:
@@ -1213,22 +1241,177 @@ claim(on_weekday.sum(1).max() >= 0.2 and on_weekday.max() < 0.3, "some output ch
 # ## 12. Greedy vs beam search
 #
 # Greedy decoding takes the single best character at every step. But the most probable *sequence* need not start
-# with the most probable first character. **Beam search** (Prince, *Understanding Deep Learning*, section 12.7)
-# keeps the `beam_size` best partial outputs at every step, extends each by every possible token, and keeps the
-# best `beam_size` of the extensions, ranked by the sum of their log-probabilities, divided by a length penalty
-# (Wu et al., 2016) so that longer outputs are not punished for having more terms. Greedy search is beam search with `beam_size=1`.
+# with the most probable first character. **Beam search** (Prince, *Understanding Deep Learning*, section 12.7;
+# Zhang et al., *Dive into Deep Learning*, section 10.8) keeps the `beam_size` best partial outputs at every step,
+# extends each by every possible token, and keeps the best `beam_size` of all the extensions, ranked by the sum of
+# their log-probabilities. Every token adds one more negative term to that sum, so at the end outputs of different
+# lengths are compared after dividing by a **length penalty**, GNMT's $lp(Y) = \big((5 + |Y|) / 6\big)^{\alpha}$
+# (Wu et al., 2016, "Google's Neural Machine Translation System", section 7). Greedy decoding is beam search with
+# one beam. You write it, for a whole batch at once, with the cache of section 4.
+
+# %% [markdown]
+# ### Exercise 8 — `beam_search`
+# > **Difficulty** ●●● · **Importance** ●●○ · about 45 minutes
 #
-# On our two models, and the first 500 held-out dates (beam search is the slowest decoder here):
+# Write `beam_search(model, src, src_mask, max_len, bos_id, eos_id, beam_size=4, length_penalty=0.6)`.
+#
+# * `model`, `src` `[batch, S]`, `src_mask` `[batch, 1, 1, S]`, `max_len`, `bos_id`, `eos_id`: as in
+#   `greedy_decode`, with the same four methods of the model. Encode once; make one cache; feed the decoder only
+#   the newest token of every hypothesis at every step.
+# * **Rows.** Hypothesis `j` of sentence `b` lives in row `b * beam_size + j` of everything the decoder sees, so the
+#   memory and the source mask are repeated `beam_size` times, each row after itself (`repeat_interleave` along the
+#   batch), and the cache holds `batch * beam_size` rows.
+# * **Scores.** A hypothesis is scored by the sum of the log-probabilities of its tokens: `[batch, beam_size]`. At
+#   the start every beam of a sentence holds the same `<bos>`, so beam 0 starts at 0 and the others at `-inf`;
+#   otherwise the first step would fill the beam with copies of one hypothesis.
+# * **A step.** The candidates of a sentence are all its `beam_size × V` extensions, each scored by its parent's
+#   score plus the new token's log-probability. Keep the `beam_size` best of them, over all the sentence's beams
+#   together. Each winner continues a parent row: its tokens so far, and its rows of the cache, must follow it.
+#   `reorder_cache(cache, rows)` (imported above) makes row `i` of every cached key and value a copy of row
+#   `rows[i]`.
+# * **Finished hypotheses.** A hypothesis that has written `eos_id` keeps its place and its score: its only
+#   continuation is `eos_id` again, with log-probability 0 (every other token `-inf`). The search stops when every
+#   hypothesis of every sentence has finished, or after `max_len` steps.
+# * **The answer.** For each sentence, the hypothesis with the largest score divided by
+#   `gnmt_length_penalty(length, length_penalty)` (imported above; it takes an integer or a tensor of lengths),
+#   where the length counts the tokens it generated up to and including its `eos_id`, or all of them if it never
+#   wrote one. With `length_penalty = 0` the penalty is 1.
+# * Returns `[batch, 1 + steps]`, `torch.long`, `bos_id` first; the check reads each row up to its first `eos_id`.
+#
+# Worked example: one sentence, tokens `a`, `b` and `<eos>`, two beams. The first step gives `a` probability 0.6
+# and `b` 0.4; after `a` the model gives `<eos>` 0.5, after `b` it gives `<eos>` 0.9. Greedy decoding writes
+# `a <eos>`, with probability 0.30. Beam search keeps both first tokens; of the six two-token candidates it keeps
+# `b <eos>` (0.36) and `a <eos>` (0.30); both are finished, the search stops, and `b <eos>` wins. The cell after
+# the check runs this example.
+#
+# The check runs your function on tiny untrained models whose beams change places and finish at different steps,
+# and counts the encoder runs, the decoder runs and the positions fed to the decoder.
+#
+# <details><summary>Hint 1 — the idea</summary>Greedy decoding with <code>beam_size</code> rows per sentence instead
+# of one. At every step every row proposes every token, a sentence's proposals all compete together, and the winners
+# take over the rows. A winner's history, its tokens and its cached keys and values, moves with it. A finished
+# hypothesis keeps its row by proposing only <code>&lt;eos&gt;</code>, at no cost.</details>
+# <details><summary>Hint 2 — the plan</summary>Before the loop: the memory and the mask repeated to
+# <code>[batch * beam_size, ...]</code>, one cache, the tokens <code>[batch * beam_size, 1]</code> of
+# <code>bos_id</code>, and three <code>[batch, beam_size]</code> tensors: the scores (0, then <code>-inf</code>), the
+# finished flags and the lengths. Each step: the log-probabilities <code>[batch * beam_size, V]</code>, with the rows
+# of finished hypotheses replaced by the "only <code>&lt;eos&gt;</code>, at no cost" row; the candidates
+# <code>[batch, beam_size, V]</code>, the scores plus the log-probabilities, seen as <code>[batch, beam_size * V]</code>;
+# their <code>beam_size</code> best give the new scores and flat indices, and a flat index splits into a parent beam
+# (its integer division by <code>V</code>) and a token (the remainder). The parent rows, <code>[batch * beam_size]</code>,
+# reorder the tokens, the cache, the finished flags and the lengths; then the new tokens become a column, the
+# lengths of the hypotheses that were still live grow by one, and the flags take in the new
+# <code>eos_id</code>s. After the loop: penalised scores, their argmax in each sentence, and those rows of the
+# tokens.</details>
+# <details><summary>Hint 3 — one key expression</summary>The best candidates of every sentence, over all its beams
+# at once: <code>candidates.view(batch, beam_size * vocab).topk(beam_size, dim=-1)</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "beam_search", "locked": false, "schema_version": 3, "solution": true, "task": false}
+@torch.no_grad()
+def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor, max_len: int, bos_id: int, eos_id: int,
+                beam_size: int = 4, length_penalty: float = 0.6) -> torch.Tensor:
+    """The beam_size best hypotheses of every sentence, kept at every step; the best one, length-penalised, returned.
+
+    src: [batch, S]; src_mask: [batch, 1, 1, S]. Returns [batch, 1 + steps], bos_id first.
+    """
+    ### BEGIN SOLUTION
+    memory = model.encode(src, src_mask)  # [batch, S, d_model], once
+    batch = memory.shape[0]
+    memory = memory.repeat_interleave(beam_size, dim=0)  # [batch * beam, S, d_model]: row b * beam + j
+    src_mask = src_mask.repeat_interleave(beam_size, dim=0)
+    cache = model.new_cache()
+    tokens = torch.full((batch * beam_size, 1), bos_id, dtype=torch.long, device=src.device)
+    scores = torch.full((batch, beam_size), float("-inf"), device=src.device)  # [batch, beam]: sum of log P
+    scores[:, 0] = 0.0  # every beam holds <bos>: only one may grow at the first step
+    finished = torch.zeros(batch, beam_size, dtype=torch.bool, device=src.device)
+    lengths = torch.zeros(batch, beam_size, dtype=torch.long, device=src.device)  # tokens generated, eos included
+    first_row = torch.arange(batch, device=src.device)[:, None] * beam_size  # [batch, 1]
+    for _ in range(max_len):
+        hidden = model.decode(memory, src_mask, tokens[:, -1:], cache=cache)  # [batch * beam, 1, d_model]
+        log_probs = model.generator(hidden[:, -1])  # [batch * beam, V]
+        vocab = log_probs.shape[-1]
+        only_eos = torch.full((vocab,), float("-inf"), dtype=log_probs.dtype, device=src.device)
+        only_eos[eos_id] = 0.0  # a finished hypothesis writes eos again, at no cost
+        log_probs = torch.where(finished.view(-1, 1), only_eos, log_probs)
+        candidates = scores[:, :, None] + log_probs.view(batch, beam_size, vocab)  # [batch, beam, V]
+        scores, index = candidates.view(batch, beam_size * vocab).topk(beam_size, dim=-1)  # [batch, beam]
+        parent, token = index // vocab, index % vocab
+        rows = (first_row + parent).view(-1)  # [batch * beam]: the row each winner continues
+        tokens = torch.cat([tokens[rows], token.view(-1, 1)], dim=1)  # [batch * beam, t + 1]
+        reorder_cache(cache, rows)  # the cached keys and values follow their hypotheses
+        was_finished = finished.gather(1, parent)
+        lengths = lengths.gather(1, parent) + (~was_finished).long()
+        finished = was_finished | (token == eos_id)
+        if finished.all():
+            break
+    best = (scores / gnmt_length_penalty(lengths, length_penalty)).argmax(dim=-1)  # [batch]
+    return tokens[first_row[:, 0] + best]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "beam_search_test", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_beam_search(beam_search)
+### BEGIN HIDDEN TESTS
+check_beam_search(beam_search, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+beam_search_impl = yours_or_reference(beam_search, check_beam_search)
+
+# %% [markdown]
+# The worked example, on a hand-made "model" whose next-token probabilities depend only on the last token (the
+# table below), with the interface of the table in section 4:
+
+# %%
+TOY = ["<bos>", "a", "b", "<eos>"]
+toy_probs = torch.tensor([  # row: the last token; column: the next one
+    [0.0, 0.6, 0.4, 0.0],    # after <bos>
+    [0.0, 0.25, 0.25, 0.5],  # after a
+    [0.0, 0.05, 0.05, 0.9],  # after b
+    [0.0, 0.0, 0.0, 1.0],    # after <eos>
+])
+
+
+class ToyModel:
+    """encode / new_cache / decode / generator, with P(next | last token) read from toy_probs."""
+
+    def encode(self, src, src_mask):
+        return torch.zeros(src.shape[0], 1, 1)  # [batch, 1, 1]: nothing to remember
+
+    def new_cache(self):
+        return []  # this model keeps no keys or values
+
+    def decode(self, memory, src_mask, tgt, tgt_mask=None, cache=None):
+        return F.one_hot(tgt, len(TOY)).double()  # [batch, t, 4]: "the hidden state" is the last token
+
+    def generator(self, hidden):
+        return (hidden @ toy_probs.double()).log()  # [..., 4]: log P(next | last token)
+
+
+toy_src, toy_mask = torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, 1, 1, dtype=torch.bool)  # one sentence
+for name, out in [("greedy", greedy_decode_impl(ToyModel(), toy_src, toy_mask, 4, 0, 3)),
+                  ("beam search, 2 beams", beam_search_impl(ToyModel(), toy_src, toy_mask, 4, 0, 3, beam_size=2))]:
+    words = [TOY[t] for t in out[0].tolist()]
+    p = math.prod(toy_probs[a, b].item() for a, b in zip(out[0].tolist(), out[0, 1:].tolist()))
+    print(f"{name:<22}: {' '.join(words):<14} probability {p:.2f}")
+
+# %% [markdown]
+# Now on our two models, and the first 500 held-out dates: the exact match of each decoder, and the probability
+# that the model itself gives the output it wrote, $\log P$ summed over the characters (the quantity beam search
+# maximises before the length penalty; every ISO date has the same length, so here the penalty changes nothing).
 
 # %% tags=["nbval-ignore-output"]
+print(f"beam search: {whose(beam_search_impl, check_beam_search)}")
 beam_src, beam_mask, beam_gold = test_src[:500], test_src_mask[:500], test_gold[:500]
-outputs = {}
+outputs, mean_log_p = {}, {}
 for name, m in [("half-trained", half_trained), ("trained", model)]:
     g_out = greedy_decode_impl(m, beam_src, beam_mask, MAX_NEW_TOKENS, vocab.bos_id, vocab.eos_id)
-    b_out = beam_search(m, beam_src, beam_mask, MAX_NEW_TOKENS, vocab.bos_id, vocab.eos_id, beam_size=4)
+    b_out = beam_search_impl(m, beam_src, beam_mask, MAX_NEW_TOKENS, vocab.bos_id, vocab.eos_id, beam_size=4)
     outputs[name] = g_out, b_out
-    print(f"{name:>12}: greedy {exact_match(g_out, beam_gold):.1%}, "
-          f"beam search (4 beams) {exact_match(b_out, beam_gold):.1%}")
+    mean_log_p[name] = [sequence_log_prob(m, beam_src, beam_mask, o, vocab.eos_id).mean().item() for o in (g_out, b_out)]
+    print(f"{name:>12}: exact match greedy {exact_match(g_out, beam_gold):.1%}, beam search (4 beams) "
+          f"{exact_match(b_out, beam_gold):.1%};  mean log P greedy {mean_log_p[name][0]:.4f}, "
+          f"beam {mean_log_p[name][1]:.4f}")
 
 greedy_half, beam_out = outputs["half-trained"]
 greedy_text, beam_text = vocab.decode_batch(greedy_half), vocab.decode_batch(beam_out)
@@ -1258,14 +1441,18 @@ claim(half_beam_acc >= half_greedy_acc, "on the half-trained model, beam search 
       measured=f"greedy {half_greedy_acc:.1%}, beam {half_beam_acc:.1%}")
 claim(agree >= 0.99 * len(beam_gold), "on the trained model, the two write the same output for at least 99% of the dates",
       measured=f"{agree} of {len(beam_gold)}")
+claim(all(beam_lp >= greedy_lp - 1e-4 for greedy_lp, beam_lp in mean_log_p.values()),
+      "on both models, beam search's outputs have on average at least the log P of greedy's",
+      measured=str(mean_log_p))
 
 # %% [markdown]
-# Beam search finds outputs that the model itself rates as more probable (a larger $\log P$ on at least 90% of
-# the dates where the two disagree; the last printed line counts them), and on the half-trained model that makes
-# it at least as accurate as greedy decoding (compare the first line). On the trained model there is nothing
-# left to fix: when the model is confident, greedy and beam search agree (on at least 99% of these dates). Beam
-# search costs about `beam_size` times the work of greedy decoding, so it pays off where the model hesitates:
-# translation and summarisation use it; chat models, which want variety, sample instead.
+# Beam search finds outputs that the model itself rates as more probable: a larger $\log P$ on at least 90% of
+# the dates where the two disagree (the last printed line counts them), and at least greedy's mean $\log P$ on
+# both models. On the half-trained model that makes it at least as accurate as greedy decoding (compare the first
+# lines). On the trained model there is nothing left to fix: when the model is confident, greedy and beam search
+# agree (on at least 99% of these dates). Beam search costs about `beam_size` times the work of greedy decoding,
+# so it pays off where the model hesitates: translation and summarisation use it; chat models, which want
+# variety, sample instead.
 #
 # ## 13. What encoding once and the cache save
 #
@@ -1418,8 +1605,10 @@ print(f"encode once, KV cache       : {t_cache * 1000:6.1f} ms   ({t_no_cache / 
 # * **Exposure bias**: at inference the decoder reads its own outputs; per character, the half-trained model was
 #   less accurate free running than teacher forced.
 # * **Cross-attention** learned to align each output character with the source characters it comes from.
-# * **Decoding strategies**: greedy takes the best token at each step; **beam search** keeps several candidates and
-#   finds more probable outputs; **top-k** sampling draws among the $k$ best tokens only.
+# * **Decoding strategies**: greedy takes the best token at each step; **beam search** keeps the `beam_size` best
+#   hypotheses of all `beam_size × V` extensions, keeps finished ones with their score, moves the cache with the
+#   hypotheses, and ranks the finished outputs with a length penalty; it found more probable outputs than greedy
+#   decoding. **Top-k** sampling draws among the $k$ best tokens only.
 #
 # ## What's next
 #
@@ -1434,7 +1623,7 @@ print(f"encode once, KV cache       : {t_cache * 1000:6.1f} ms   ({t_no_cache / 
 
 # %%
 exercise_summary(check_top_k_filter, check_greedy_decode, check_label_smoothed_targets, check_label_smoothed_loss,
-                 check_teacher_forcing_inputs, check_noam_learning_rate, check_train_step)
+                 check_teacher_forcing_inputs, check_noam_learning_rate, check_train_step, check_beam_search)
 
 # %% [markdown]
 # ## Glossary · 术语表
@@ -1454,6 +1643,8 @@ exercise_summary(check_top_k_filter, check_greedy_decode, check_label_smoothed_t
 # | exact match | 完全匹配率 | fraction of outputs identical to the reference, every character right |
 # | greedy decoding | 贪心解码 | take the most probable token at every step |
 # | beam search | 束搜索 | keep the `beam_size` best partial outputs at every step |
+# | hypothesis (beam) | 候选序列（束） | one partial output that beam search keeps, with its summed log-probability |
+# | length penalty | 长度惩罚 | divides a hypothesis's log-probability by $((5 + \lvert Y \rvert)/6)^\alpha$ so long outputs can compete |
 # | top-k sampling | Top-k 采样 | sample the next token among the k most probable ones only |
 # | temperature | 温度 | divides the logits before the softmax: < 1 sharper, > 1 flatter |
 # | encoder memory | 编码器记忆 | the encoder's output, computed once per sentence and read by every decoder layer |

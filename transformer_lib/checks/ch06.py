@@ -1,6 +1,7 @@
 """Checkers for chapter 06, the decoder's masks: the causal mask, the padding mask, the two
 combined for the decoder's self-attention, cross-attention over the encoder's memory, and a
-softmax that respects a mask (including rows with nothing to attend to).
+softmax that respects a mask (including rows with nothing to attend to), and one decoder layer's
+forward pass assembled from the parts of the library's DecoderLayer.
 
 Each checker compares a learner's function with the library (transformer_lib.masks,
 transformer_lib.attention) on deterministic cases, and knows the wrong answers learners often
@@ -14,6 +15,7 @@ diagnosed in the learner's terms.
 import torch
 
 from transformer_lib.attention import masked_softmax, scaled_dot_product_attention
+from transformer_lib.layers import DecoderLayer, add_and_norm, decoder_layer_forward
 from transformer_lib.masks import causal_mask, decoder_self_mask, padding_mask
 
 from . import properties
@@ -795,5 +797,263 @@ check_masked_softmax = Checker(
 )
 
 
+# ---------------------------------------------------------------------------------------
+# Exercise 6: decoder_layer_forward(x, memory, src_mask, tgt_mask, layer), from a DecoderLayer's parts
+# ---------------------------------------------------------------------------------------
+
+_CALL_THE_DECODER_PARTS = ("calling layer(x, memory, ...) runs the library's own decoder layer: build the forward "
+                           "pass from its parts (layer.self_attn, layer.cross_attn, layer.feed_forward, "
+                           "layer.norm1-3, layer.dropout1-3)")
+
+
+class _ExerciseDecoderLayer(DecoderLayer):
+    """The library's DecoderLayer with its forward sealed, so that an answer must use the parts."""
+
+    def forward(self, x, memory, src_mask=None, tgt_mask=None, cache=None):
+        raise RuntimeError(_CALL_THE_DECODER_PARTS)
+
+
+def _build_decoder_layer(kw: dict) -> DecoderLayer:
+    """The case's layer: dropout 0.1 in eval mode (so dropout must be a no-op), seeded weights
+    (gamma near 1 and beta near 0 but not equal, so a misplaced or missing norm shows)."""
+    with torch.random.fork_rng(devices=[]):  # nn.Linear's own initialisation must not move the caller's RNG
+        layer = _ExerciseDecoderLayer(kw["d_model"], kw["n_heads"], 2 * kw["d_model"], dropout=0.1,
+                                      norm_first=kw["norm_first"])
+    layer = layer.to(kw["x"].dtype)
+    g = seeded(kw["seed"])
+    for name, p in layer.named_parameters():
+        noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
+        p.data.copy_((1.0 + 0.3 * noise if name.endswith("gamma") else noise / p.shape[-1] ** 0.5).to(p.dtype))
+    return layer.eval()
+
+
+def _invoke_decoder_layer(fn, case: Case):
+    """The output, and the output again after the last real target token of every sentence changed:
+    a causal layer's earlier positions must not move."""
+    kw = case.kwargs
+    layer = _build_decoder_layer(kw)
+    changed = kw["x"].clone()
+    changed[torch.arange(len(kw["tgt_lengths"])), torch.tensor(kw["tgt_lengths"]) - 1] = kw["new_last"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(kw["seed"])  # dropout wrongly left on gives the same numbers on every run
+        out = fn(kw["x"], kw["memory"], kw["src_mask"], kw["tgt_mask"], layer)
+        out_changed = fn(changed, kw["memory"], kw["src_mask"], kw["tgt_mask"], layer)
+    return {"output": out, "output after the last target token changed": out_changed}
+
+
+def _decoder_layer_cases() -> list[Case]:
+    g = seeded(606)
+    cases: list[Case] = []
+
+    def case(name, tgt_lengths, src_lengths, t, s, d_model, n_heads, norm_first, tgt_layout="combined",
+             dtype=torch.float32, hidden=False):
+        batch = len(tgt_lengths)
+        x = randn(g, batch, t, d_model, dtype=dtype, scale=1.5)  # [batch, T, d_model]
+        memory = randn(g, batch, s, d_model, dtype=dtype, scale=1.5)  # [batch, S, d_model]
+        src = _tokens(src_lengths, s)
+        tgt = _tokens(tgt_lengths, t)
+        tgt_mask = decoder_self_mask(tgt, 0) if tgt_layout == "combined" else causal_mask(t)  # [B,1,T,T] or [T,T]
+        kwargs = dict(d_model=d_model, n_heads=n_heads, norm_first=norm_first, x=x, memory=memory,
+                      src_mask=padding_mask(src, 0), tgt_mask=tgt_mask, tgt_lengths=tgt_lengths,
+                      new_last=randn(g, batch, d_model, dtype=dtype, scale=1.5), seed=6060 + len(cases))
+        cases.append(Case(name, (), kwargs, hidden))
+
+    case("post-norm, 2 sentences, padded source and target", [5, 3], [4, 2], 5, 4, 16, 4, False)
+    case("pre-norm, 2 sentences, padded source and target", [4, 2], [6, 3], 4, 6, 16, 4, True)
+    case("post-norm, causal mask [T, T], no target padding", [6, 6], [3, 5], 6, 5, 16, 2, False, tgt_layout="causal")
+    case("pre-norm, float64, 3 sentences", [3, 5, 1], [7, 2, 4], 5, 7, 8, 2, True, dtype=torch.float64, hidden=True)
+    case("post-norm, float64, 8 heads", [4, 4], [2, 5], 4, 5, 32, 8, False, dtype=torch.float64, hidden=True)
+    case("pre-norm, one sentence, causal mask [T, T]", [7], [3], 7, 3, 16, 4, True, tgt_layout="causal", hidden=True)
+    return cases
+
+
+def _self_step(x, layer, tgt_mask, norm):
+    return add_and_norm(x, lambda y: layer.dropout1(layer.self_attn(y, y, y, tgt_mask)), norm.gamma, norm.beta,
+                        layer.norm_first, norm.eps)
+
+
+def _cross_step(x, layer, memory, src_mask, norm):
+    return add_and_norm(x, lambda y: layer.dropout2(layer.cross_attn(y, memory, memory, src_mask)), norm.gamma,
+                        norm.beta, layer.norm_first, norm.eps)
+
+
+def _ffn_step(x, layer, norm):
+    return add_and_norm(x, lambda y: layer.dropout3(layer.feed_forward(y)), norm.gamma, norm.beta, layer.norm_first,
+                        norm.eps)
+
+
+def _dl_no_tgt_mask(x, memory, src_mask, tgt_mask, layer):
+    return decoder_layer_forward(x, memory, src_mask, None, layer)
+
+
+def _dl_no_src_mask(x, memory, src_mask, tgt_mask, layer):
+    return decoder_layer_forward(x, memory, None, tgt_mask, layer)
+
+
+def _dl_cross_reads_decoder(x, memory, src_mask, tgt_mask, layer):
+    x = _self_step(x, layer, tgt_mask, layer.norm1)
+    x = add_and_norm(x, lambda y: layer.dropout2(layer.cross_attn(y, y, y, tgt_mask)), layer.norm2.gamma,
+                     layer.norm2.beta, layer.norm_first, layer.norm2.eps)  # keys and values from the decoder
+    return _ffn_step(x, layer, layer.norm3)
+
+
+def _dl_ffn_before_cross(x, memory, src_mask, tgt_mask, layer):
+    x = _self_step(x, layer, tgt_mask, layer.norm1)
+    x = _ffn_step(x, layer, layer.norm2)
+    return _cross_step(x, layer, memory, src_mask, layer.norm3)
+
+
+def _dl_one_norm(x, memory, src_mask, tgt_mask, layer):
+    x = _self_step(x, layer, tgt_mask, layer.norm1)
+    x = _cross_step(x, layer, memory, src_mask, layer.norm1)
+    return _ffn_step(x, layer, layer.norm1)
+
+
+def _dl_memory_normalised(x, memory, src_mask, tgt_mask, layer):
+    if not layer.norm_first:
+        return decoder_layer_forward(x, memory, src_mask, tgt_mask, layer)
+    x = _self_step(x, layer, tgt_mask, layer.norm1)
+    x = _cross_step(x, layer, layer.norm2(memory), src_mask, layer.norm2)  # the memory through norm2 as well
+    return _ffn_step(x, layer, layer.norm3)
+
+
+def _dl_always_post_norm(x, memory, src_mask, tgt_mask, layer):
+    def post(x, sublayer, norm):
+        return norm(x + sublayer(x))
+
+    x = post(x, lambda y: layer.dropout1(layer.self_attn(y, y, y, tgt_mask)), layer.norm1)
+    x = post(x, lambda y: layer.dropout2(layer.cross_attn(y, memory, memory, src_mask)), layer.norm2)
+    return post(x, lambda y: layer.dropout3(layer.feed_forward(y)), layer.norm3)
+
+
+def _dl_no_cross_residual(x, memory, src_mask, tgt_mask, layer):
+    x = _self_step(x, layer, tgt_mask, layer.norm1)
+    if layer.norm_first:
+        x = layer.dropout2(layer.cross_attn(layer.norm2(x), memory, memory, src_mask))
+    else:
+        x = layer.norm2(layer.dropout2(layer.cross_attn(x, memory, memory, src_mask)))
+    return _ffn_step(x, layer, layer.norm3)
+
+
+def _dl_dropout_left_on(x, memory, src_mask, tgt_mask, layer):
+    def drop(t):
+        return torch.nn.functional.dropout(t, layer.dropout1.p)  # training=True by default
+
+    def step(x, sublayer, norm):
+        return add_and_norm(x, lambda y: drop(sublayer(y)), norm.gamma, norm.beta, layer.norm_first, norm.eps)
+
+    x = step(x, lambda y: layer.self_attn(y, y, y, tgt_mask), layer.norm1)
+    x = step(x, lambda y: layer.cross_attn(y, memory, memory, src_mask), layer.norm2)
+    return step(x, layer.feed_forward, layer.norm3)
+
+
+def _earlier_positions_moved(case, expected, actual):
+    """The future leaks: changing each sentence's last real target token moved an earlier output."""
+    out, changed = actual["output"], actual["output after the last target token changed"]
+    if not isinstance(out, torch.Tensor) or not isinstance(changed, torch.Tensor) or out.shape != changed.shape:
+        return False
+    lengths = case.kwargs["tgt_lengths"]
+    return any(bool((out[b, : n - 1] - changed[b, : n - 1]).abs().max() > 1e-6) for b, n in enumerate(lengths)
+               if n > 1)
+
+
+def _post_norm_not_ending_in_norm3(case, expected, actual):
+    kw = case.kwargs
+    out, ref = actual["output"], expected["output"]
+    if kw["norm_first"] or not isinstance(out, torch.Tensor) or out.shape != ref.shape:
+        return False
+    norm3 = _build_decoder_layer(kw).norm3
+    gamma, beta = norm3.gamma.detach().double(), norm3.beta.detach().double()
+
+    def normalised(t):
+        t = ((t.double() - beta) / gamma)
+        return bool(((t.mean(-1).abs() < 1e-3) & ((t.var(-1, unbiased=False) - 1).abs() < 0.05)).all())
+
+    return normalised(ref) and not normalised(out)
+
+
+check_decoder_layer_forward = Checker(
+    name="decoder_layer_forward",
+    reference=decoder_layer_forward,
+    make_cases=_decoder_layer_cases,
+    invoke=_invoke_decoder_layer,
+    rtol=1e-4,
+    atol=1e-5,
+    mistakes=[
+        Mistake(
+            "the target mask not passed to the self-attention: every position reads the target tokens after it",
+            "Pass tgt_mask to the masked self-attention, layer.self_attn(y, y, y, tgt_mask): that is what makes "
+            "the decoder causal.",
+            _dl_no_tgt_mask,
+        ),
+        Mistake(
+            "the source mask not passed to the cross-attention: the target reads the padded source positions",
+            "Pass src_mask to the cross-attention, layer.cross_attn(y, memory, memory, src_mask).",
+            _dl_no_src_mask,
+        ),
+        Mistake(
+            "the cross-attention reads the decoder's own states instead of the encoder's memory",
+            "Queries come from the decoder, keys and values from the memory: layer.cross_attn(y, memory, memory, "
+            "src_mask).",
+            _dl_cross_reads_decoder,
+        ),
+        Mistake(
+            "the feed-forward network before the cross-attention",
+            "The order is masked self-attention, cross-attention, then the FFN, each with its own norm (norm1, "
+            "norm2, norm3).",
+            _dl_ffn_before_cross,
+        ),
+        Mistake(
+            "the same LayerNorm (norm1) used around all three sub-layers",
+            "Each sub-layer has its own LayerNorm: norm1 around the self-attention, norm2 around the "
+            "cross-attention, norm3 around the FFN.",
+            _dl_one_norm,
+        ),
+        Mistake(
+            "pre-norm: the encoder's memory normalised too (it went through norm2 with the decoder's stream)",
+            "Only the decoder's stream is normalised before a sub-layer: layer.cross_attn(layer.norm2(x), memory, "
+            "memory, src_mask). The memory is the encoder's output as it is.",
+            _dl_memory_normalised,
+        ),
+        Mistake(
+            "norm_first ignored: post-norm even when layer.norm_first is True",
+            "If layer.norm_first, normalise before each sub-layer and add the raw input: x = x + sublayer(norm(x)) "
+            "(add_and_norm_impl with norm_first does it).",
+            _dl_always_post_norm,
+        ),
+        Mistake(
+            "no residual connection around the cross-attention",
+            "Wrap the cross-attention like the two other sub-layers: norm2(x + cross(x)) in post-norm, "
+            "x + cross(norm2(x)) in pre-norm.",
+            _dl_no_cross_residual,
+        ),
+        Mistake(
+            "dropout left on: torch.nn.functional.dropout (training=True by default) used while the layer is in "
+            "eval mode",
+            "Use the layer's own modules, layer.dropout1, layer.dropout2 and layer.dropout3: they drop only in "
+            "training mode.",
+            _dl_dropout_left_on,
+        ),
+    ],
+    properties=[
+        Property(
+            "earlier outputs that change when a later target token changes (the future leaks into the past)",
+            "Only the masked self-attention mixes target positions: give it tgt_mask (causal AND padding), and "
+            "let the cross-attention read the memory, never the decoder's own states.",
+            _earlier_positions_moved,
+        ),
+        Property(
+            "a post-norm output that is not norm3's output (undo norm3's gamma and beta, and its vectors do not "
+            "have mean 0 and variance 1)",
+            "In post-norm (norm_first False) each sub-layer ends with its LayerNorm, applied to the sum; the last "
+            "one is norm3 around the FFN, and nothing is added after it.",
+            _post_norm_not_ending_in_norm3,
+        ),
+        properties.shape_permuted("A decoder layer keeps the shape [batch, T, d_model]: no transpose is needed.",
+                                  select=lambda out: out["output"] if isinstance(out, dict) else out),
+    ],
+)
+
+
 CHECKERS = [check_make_causal_mask, check_make_padding_mask, check_combine_decoder_mask, check_cross_attention,
-            check_masked_softmax]
+            check_masked_softmax, check_decoder_layer_forward]

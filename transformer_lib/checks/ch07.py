@@ -1,12 +1,14 @@
 """Checkers for chapter 07, training and inference: the label-smoothed target distribution and
 the loss over the real tokens, the warm-up learning rate (eq. 3 of the paper), the decoder's
 teacher-forcing inputs, one training step, greedy decoding with the encoder run once and a
-key/value cache, and top-k filtering for sampling.
+key/value cache, top-k filtering for sampling, and beam search (finished hypotheses kept, the
+cache reordered with the beams, a GNMT length penalty at the end).
 
 The training-step and decoding checkers run the learner's function on tiny seeded models that
 the checker builds itself (in `invoke`), and return what can be compared outside the learner's
 process: losses and every parameter tensor after two steps; tokens and counts of the work done
-(encoder runs, decoder runs, positions fed to the decoder).
+(encoder runs, decoder runs, positions fed to the decoder); for beam search, each sentence's best
+output read up to its first eos.
 
 References are the library's (transformer_lib.training, transformer_lib.decoding); each
 checker knows the wrong answers learners often write, so a failure can name what went wrong.
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from transformer_lib.decoding import greedy_decode, top_k_filter
+from transformer_lib.decoding import (beam_search, gnmt_length_penalty, greedy_decode, reorder_cache, sequence_log_prob,
+                                      top_k_filter)
 from transformer_lib.layers import EncoderDecoder, TransformerConfig
 from transformer_lib.masks import causal_mask, padding_mask
 from transformer_lib.training import (LabelSmoothingLoss, Seq2SeqBatch, label_smoothed_loss, label_smoothed_targets,
@@ -1074,3 +1077,250 @@ check_greedy_decode = Checker(
 
 
 CHECKERS += [check_label_smoothed_loss, check_train_step, check_greedy_decode]
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 8: beam_search(model, src, src_mask, max_len, bos_id, eos_id, beam_size, length_penalty)
+# ---------------------------------------------------------------------------------------
+
+
+def _best_outputs(tokens, eos_id) -> list:
+    """Each row of a decoder's output up to and including its first eos (bos first): what the
+    row says, whatever the padding after it."""
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
+        got = f"{tokens.dtype} {list(tokens.shape)}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise TypeError(f"beam_search must return a LongTensor [batch, 1 + steps] of token ids, got {got}")
+    rows = []
+    for row in tokens.long():
+        ends = (row[1:] == eos_id).nonzero()
+        rows.append(row[: 2 + int(ends[0])] if len(ends) else row)
+    return rows
+
+
+def _invoke_beam(fn, case: Case):
+    tiny, src, src_mask, max_len, bos_id, eos_id = case.args
+    model = tiny.build().eval()
+    counter = _WorkCounter(model)
+    largest = [0]
+    hook = model.decoder.register_forward_pre_hook(lambda m, args: largest.__setitem__(0, max(largest[0], args[0].shape[1])))
+    try:
+        tokens = fn(model, src, src_mask, max_len, bos_id, eos_id, **case.kwargs)
+    finally:
+        counter.remove()
+        hook.remove()
+    counts = counter.counts
+    return {"best output of each sentence": _best_outputs(tokens, eos_id),
+            "encoder runs": counts["encoder runs"], "decoder runs": counts["decoder runs"],
+            "most positions fed to the decoder at once": largest[0]}
+
+
+# (name, model seed, layers, batch, max_len, eos id, beam_size, length_penalty, hidden). Untrained
+# models whose next-token distributions vary with the prefix, and eos ids they write now and then,
+# so that hypotheses finish at different steps, beams change places, and beam search and greedy
+# decoding disagree: every catalogued mistake changes the output of at least one visible case.
+_BEAM_CASES = [
+    ("2 sentences, 3 beams, length penalty 1.0", 27, 1, 2, 6, 8, 3, 1.0, False),
+    ("3 sentences, 4 beams, no length penalty", 14, 1, 3, 6, 2, 4, 0.0, False),
+    ("2 sentences, 3 beams, length penalty 0.6", 39, 1, 2, 6, 7, 3, 0.6, True),
+    ("2 sentences, 3 beams, 2 layers, length penalty 1.0", 17, 1, 2, 6, 9, 3, 1.0, True),
+    ("3 sentences, 4 beams, 2 layers, no length penalty", 27, 2, 3, 6, 8, 4, 0.0, True),
+    ("3 sentences, 4 beams, stopped by max_len", 27, 2, 3, 3, 8, 4, 0.6, True),
+    ("2 sentences, one beam (greedy)", 21, 2, 2, 6, 9, 1, 0.6, True),
+]
+
+
+def _beam_cases() -> list[Case]:
+    cases = []
+    for name, seed, layers, batch, max_len, eos, beam, alpha, hidden in _BEAM_CASES:
+        g = seeded(2000 + 10 * seed + batch)
+        src = torch.randint(3, TINY_VOCAB, (batch, 6), generator=g)  # [batch, 6]
+        if batch > 1:
+            src[1, 4:] = 0  # the second sentence is shorter: two padded positions
+        cases.append(Case(name, (TinyModel(seed, layers), src, padding_mask(src, 0), max_len, 1, eos),
+                          dict(beam_size=beam, length_penalty=alpha), hidden=hidden))
+    return cases
+
+
+def _beam_variant(model, src, src_mask, max_len, bos_id, eos_id, beam_size=4, length_penalty=0.6, *,
+                  freeze_finished=True, normalise=True, step_score=None, reorder_kv=True, reorder_tokens=True,
+                  per_beam=False, all_start_at_zero=False):
+    """Beam search as the reference does it, with one switch per catalogued mistake."""
+    beam = beam_size
+    memory = model.encode(src, src_mask)
+    batch = memory.shape[0]
+    memory = memory.repeat_interleave(beam, dim=0)
+    src_mask = src_mask.repeat_interleave(beam, dim=0)
+    cache = model.new_cache()
+    tokens = torch.full((batch * beam, 1), bos_id, dtype=torch.long)
+    scores = torch.zeros(batch, beam, dtype=torch.float64)
+    if not all_start_at_zero:
+        scores[:, 1:] = float("-inf")
+    finished = torch.zeros(batch, beam, dtype=torch.bool)
+    lengths = torch.zeros(batch, beam, dtype=torch.long)
+    offsets = torch.arange(batch)[:, None] * beam
+    for step in range(max_len):
+        hidden = model.decode(memory, src_mask, tokens[:, -1:], cache=cache)
+        log_probs = model.generator(hidden[:, -1])  # [batch * beam, V]
+        vocab = log_probs.shape[-1]
+        if step_score is not None:
+            log_probs = step_score(log_probs)
+        if freeze_finished:
+            only_eos = torch.full((vocab,), float("-inf"), dtype=log_probs.dtype)
+            only_eos[eos_id] = 0.0
+            log_probs = torch.where(finished.view(-1, 1), only_eos, log_probs)
+        candidates = scores[:, :, None] + log_probs.view(batch, beam, vocab)  # [batch, beam, V]
+        if per_beam and step > 0:
+            scores, token = candidates.max(dim=-1)  # each beam follows its own best token
+            parent = torch.arange(beam).expand(batch, beam)
+        else:
+            scores, index = candidates.view(batch, beam * vocab).topk(beam, dim=-1)
+            parent, token = index // vocab, index % vocab
+        rows = (offsets + parent).view(-1)
+        tokens = torch.cat([tokens[rows] if reorder_tokens else tokens, token.view(-1, 1)], dim=1)
+        if reorder_kv:
+            reorder_cache(cache, rows)
+        was_finished = finished.gather(1, parent)
+        grows = ~was_finished if freeze_finished else torch.ones_like(was_finished)
+        lengths = lengths.gather(1, parent) + grows.long()
+        finished = was_finished | (token == eos_id)
+        if finished.all():
+            break
+    ranking = scores / gnmt_length_penalty(lengths, length_penalty) if normalise else scores
+    best = ranking.argmax(dim=-1)
+    return tokens[offsets[:, 0] + best]
+
+
+def _beam_finished_extended(*args, **kwargs):
+    return _beam_variant(*args, **kwargs, freeze_finished=False)
+
+
+def _beam_no_length_penalty(*args, **kwargs):
+    return _beam_variant(*args, **kwargs, normalise=False)
+
+
+def _beam_sum_of_probabilities(*args, **kwargs):
+    return _beam_variant(*args, **kwargs, step_score=torch.exp)
+
+
+def _beam_cache_not_reordered(*args, **kwargs):
+    return _beam_variant(*args, **kwargs, reorder_kv=False)
+
+
+def _beam_tokens_not_reordered(*args, **kwargs):
+    return _beam_variant(*args, **kwargs, reorder_tokens=False)
+
+
+def _beam_per_beam(*args, **kwargs):
+    return _beam_variant(*args, **kwargs, per_beam=True)
+
+
+def _beam_all_start_at_zero(*args, **kwargs):
+    return _beam_variant(*args, **kwargs, all_start_at_zero=True)
+
+
+def _sentence_log_probs(case, outputs) -> torch.Tensor:
+    """log P of each sentence's best output under the case's model: [batch]."""
+    tiny, src, src_mask, max_len, bos_id, eos_id = case.args
+    width = max(len(row) for row in outputs)
+    tokens = torch.stack([torch.cat([row, row.new_full((width - len(row),), eos_id)]) for row in outputs])
+    return sequence_log_prob(tiny.build().eval(), src, src_mask, tokens, eos_id)
+
+
+def _less_probable_than_the_reference(case, expected, actual):
+    if case.kwargs["length_penalty"] != 0:
+        return False
+    mine = _sentence_log_probs(case, actual["best output of each sentence"])
+    best = _sentence_log_probs(case, expected["best output of each sentence"])
+    return bool((mine < best - 1e-6).any())
+
+
+def _greedy_where_beam_differs(case, expected, actual):
+    tiny, src, src_mask, max_len, bos_id, eos_id = case.args
+    greedy = _best_outputs(greedy_decode(tiny.build().eval(), src, src_mask, max_len, bos_id, eos_id), eos_id)
+    same = lambda a, b: len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))  # noqa: E731
+    return (case.kwargs["beam_size"] > 1 and not same(expected["best output of each sentence"], greedy)
+            and same(actual["best output of each sentence"], greedy))
+
+
+check_beam_search = Checker(
+    name="beam_search",
+    reference=beam_search,
+    make_cases=_beam_cases,
+    invoke=_invoke_beam,
+    mistakes=[
+        Mistake(
+            "finished hypotheses not kept: a hypothesis that has written <eos> goes on growing, and the tokens "
+            "after its <eos> lower its score",
+            "Keep a `finished` flag per hypothesis; give a finished one a single continuation, eos_id, with "
+            "log-probability 0 (every other token -inf), so it keeps its score and its place in the beam.",
+            _beam_finished_extended,
+        ),
+        Mistake(
+            "no length normalisation: the best hypothesis chosen by its summed log-probability even though "
+            "length_penalty > 0",
+            "At the end divide each hypothesis's score by gnmt_length_penalty(length, length_penalty), with length "
+            "the number of tokens it generated up to and including its <eos>, and take the argmax of that.",
+            _beam_no_length_penalty,
+        ),
+        Mistake(
+            "probabilities added up instead of log-probabilities (the score of a hypothesis must be the log of a "
+            "product of probabilities: a sum of log-probabilities)",
+            "Add the generator's output as it is: it already is a log-probability, and log P(y1 y2) = "
+            "log P(y1) + log P(y2 | y1).",
+            _beam_sum_of_probabilities,
+        ),
+        Mistake(
+            "the key/value cache not reordered with the beams: a hypothesis that moves to another row keeps "
+            "reading the keys and values of the hypothesis that was there before",
+            "After choosing the new beams, call reorder_cache(cache, rows) with the same row index you used for "
+            "the tokens, so that every row's cache belongs to its hypothesis.",
+            _beam_cache_not_reordered,
+        ),
+        Mistake(
+            "the tokens written so far not reordered with the beams: the new token is appended to whatever "
+            "hypothesis sat in that row",
+            "Pick the parent rows first (tokens indexed by the row each new hypothesis continues), then append "
+            "the new tokens.",
+            _beam_tokens_not_reordered,
+        ),
+        Mistake(
+            "top-k taken per beam: every hypothesis follows only its own best continuation (beam_size greedy "
+            "searches side by side)",
+            "Rank all beam_size x vocab candidates of a sentence together: flatten them to [batch, beam_size * "
+            "vocab] and keep the beam_size best, so that a strong hypothesis can fill several places and a weak "
+            "one can drop out.",
+            _beam_per_beam,
+        ),
+        Mistake(
+            "every beam started with score 0: the first step fills the beam with copies of one hypothesis, and "
+            "the search is greedy decoding",
+            "At the start all beams hold the same <bos>: give beam 0 the score 0 and the others -inf, so the "
+            "first step keeps the beam_size best distinct first tokens.",
+            _beam_all_start_at_zero,
+        ),
+    ],
+    properties=[
+        Property("an encoder that ran more than once",
+                 "Encode the source once, before the loop, and repeat the memory for the beams.",
+                 lambda case, e, a: a["encoder runs"] > 1),
+        Property("more than one position fed to the decoder in one step",
+                 "With a cache, feed only the newest token of every hypothesis at every step.",
+                 lambda case, e, a: a["most positions fed to the decoder at once"] > 1),
+        Property("more decoder runs than the search needs",
+                 "Decode the whole batch of sentences together (batch x beam_size rows), one decoder run per step, "
+                 "and stop as soon as every hypothesis has written <eos>.",
+                 lambda case, e, a: a["decoder runs"] > e["decoder runs"]),
+        Property("a best output less probable than the reference's, with no length penalty",
+                 "The search lost a better hypothesis: rank all beam_size x vocab candidates by their summed "
+                 "log-probabilities, keep finished hypotheses in the beam, and reorder the tokens and the cache "
+                 "with the same rows.",
+                 _less_probable_than_the_reference),
+        Property("the output of greedy decoding where beam search finds a better one",
+                 "Your beams never parted: start beam 0 at score 0 and the others at -inf, and take the top-k "
+                 "over all beam_size x vocab candidates of a sentence together.",
+                 _greedy_where_beam_differs),
+    ],
+)
+
+
+CHECKERS += [check_beam_search]
