@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from transformer_lib.checks import model_calls
 from transformer_lib.datasets_vision import digits_split
 from transformer_lib.vision import (
     PatchMerging,
@@ -26,6 +27,7 @@ from transformer_lib.vision import (
     load_hf_vit_state_dict,
     merge_patches,
     patchify,
+    swin_window_attention,
     relative_position_index_2d,
     shifted_window_mask,
     swin_config_from_hf,
@@ -33,6 +35,7 @@ from transformer_lib.vision import (
     train_run,
     unpatchify,
     vit_config_from_hf,
+    vit_forward,
     window_partition,
     window_reverse,
 )
@@ -190,7 +193,8 @@ def test_vit_equals_hugging_face(transformers):
         trunk.load_state_dict({k.removeprefix("vit."): v for k, v in theirs.state_dict().items()
                                if k.startswith("vit.")})
         headless = load_hf_vit_state_dict(ViT(vit_config_from_hf(config, n_classes=0)), trunk.state_dict()).eval()
-        torch.testing.assert_close(headless.encode(images), trunk.eval()(images).last_hidden_state, rtol=1e-5,
+        # Without a head, the forward pass returns [CLS]'s final state (after the final LayerNorm).
+        torch.testing.assert_close(headless(images), trunk.eval()(images).last_hidden_state[:, 0], rtol=1e-5,
                                    atol=1e-5)
 
 
@@ -230,6 +234,42 @@ def test_swin_runs_on_the_functions_it_is_given():
                             n_heads=(2, 2), window=2), SwinParts(window_partition=counting_partition))
     model(torch.randn(2, 1, 8, 8))
     assert calls == [2, 2, 2, 2]
+
+
+def test_the_models_run_the_forward_pass_and_window_attention_they_are_given():
+    """ViT.forward and SwinBlock call the top-level functions (one copy of each algorithm), kept as
+    module attributes so that the chapter can build them on the learner's functions."""
+    torch.manual_seed(0)
+    images = torch.randn(3, 1, 8, 8)
+    vit = _randomise(ViT(ViTConfig(image_size=8, patch_size=2, in_channels=1, n_classes=10, d_model=16, n_heads=2,
+                                   n_layers=2, d_ff=32)))
+    assert vit.forward_pass is vit_forward and model_calls(vit, vit_forward, images) == 1
+    with torch.no_grad():
+        torch.testing.assert_close(vit(images), vit_forward(images, vit))
+
+    def attention_by_hand(x, block, shift):  # window attention written out again, with another batching of the mask
+        b, h, w, c = x.shape
+        m = block.window
+        rolled = torch.roll(x, (-shift, -shift), dims=(1, 2))
+        windows = window_partition(rolled, m)  # [B*nW, M*M, C]
+        bias = block.bias_table[relative_position_index_2d(m)].permute(2, 0, 1)  # [heads, M*M, M*M]
+        mask = shifted_window_mask(h, w, m, shift)[None].expand(b, -1, -1, -1).reshape(-1, m * m, m * m)
+        out = block.attn(windows, windows, windows, mask=mask, bias=bias)
+        return torch.roll(window_reverse(out, m, h, w), (shift, shift), dims=(1, 2))
+
+    config = SwinConfig(image_size=(8, 16), patch_size=2, in_channels=1, n_classes=10, embed_dim=8, depths=(2, 2),
+                        n_heads=(2, 2), window=2)
+    swin = _randomise(Swin(config))
+    by_hand = _randomise(Swin(config, SwinParts(window_attention=attention_by_hand)))
+    assert all(block.window_attention is swin_window_attention for block in swin.blocks())
+    assert [block.shift for block in swin.blocks()] == [0, 1, 0, 0]  # the 2x4 map of stage 2: one window row
+    assert model_calls(swin, swin_window_attention, torch.randn(2, 1, 8, 16)) == 4
+    assert model_calls(by_hand, attention_by_hand, torch.randn(2, 1, 8, 16)) == 4
+    with torch.no_grad():
+        x = torch.randn(2, 1, 8, 16)
+        torch.testing.assert_close(swin(x), by_hand(x))
+        block, maps = swin.blocks()[1], torch.randn(3, 4, 8, 8)
+        torch.testing.assert_close(swin_window_attention(maps, block, 1), attention_by_hand(maps, block, 1))
 
 
 def test_models_refuse_images_of_the_wrong_size():

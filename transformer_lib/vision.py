@@ -11,8 +11,9 @@ relative offset inside a window, and halves the resolution between stages by mer
 neighbours (a feature pyramid, like a CNN's); it classifies from the average of the last
 stage's tokens.
 
-Read top to bottom: patchify and the ViT; the Swin functions (window_partition,
-window_reverse, cyclic_shift, shifted_window_mask, relative_position_index_2d, merge_patches),
+Read top to bottom: patchify, the ViT's forward pass (vit_forward) and its module; the Swin
+functions (window_partition, window_reverse, cyclic_shift, shifted_window_mask,
+relative_position_index_2d, merge_patches, swin_window_attention: the attention half of a block),
 its block, stage and model; converters from Hugging Face's ViT and Swin weights (their
 conventions, which these functions follow: patch-merging order (0,0),(1,0),(0,1),(1,1),
 a roll by -M/2, relative index (dy + M-1)(2M-1) + dx + M-1 with query minus key); a small
@@ -144,19 +145,40 @@ class ViTConfig:
         return (self.image_size // self.patch_size) ** 2
 
 
+def vit_forward(images: torch.Tensor, model: "ViT") -> torch.Tensor:
+    """ViT's forward pass, written out on the parts of `model`: images [B, C, H, W] -> logits [B, n_classes].
+
+    The images are cut with `model.patchify` and embedded (`model.patch_embed`, [B, N, d_model]);
+    the learned [CLS] token is put in front ([B, 1 + N, d_model]) and only then the learned positions
+    are added, one row of `model.pos_embed` per token, [CLS]'s included; then the pre-norm encoder
+    layers, the final LayerNorm, and the head on [CLS]'s final state alone. With n_classes = 0 the
+    head is the identity and the result is [CLS]'s final state [B, d_model].
+    """
+    c = model.config
+    tokens = model.patch_embed(model.patchify(images, c.patch_size))  # [B, N, d_model]
+    cls = model.cls_token.expand(images.shape[0], -1, -1)  # [B, 1, d_model]
+    x = model.dropout(torch.cat([cls, tokens], dim=1) + model.pos_embed)  # [B, 1 + N, d_model]
+    # The stack: every pre-norm layer, then the final LayerNorm (the last residual sum is otherwise
+    # never normalised); layers.encoder_forward, through the Encoder module.
+    x = model.encoder(x)  # [B, 1 + N, d_model]
+    return model.head(x[:, 0])  # [B, n_classes], from [CLS] alone
+
+
 class ViT(nn.Module):
     """Patches -> linear embedding -> [CLS] + patches, plus learned positions -> pre-norm encoder
     (GELU FFN, final LayerNorm) -> a linear head on [CLS].
 
-    forward(images [B, C, H, W]) -> logits [B, n_classes]; embed(images) -> the encoder's
-    input [B, 1 + N, d_model]; encode(images) -> its output. `patchify` can be replaced by
-    any function with patchify's signature (the chapter passes the learner's).
+    forward(images [B, C, H, W]) -> logits [B, n_classes]. The model holds the two functions it runs
+    as attributes: `patchify` (patchify's signature) and `forward_pass` (vit_forward's: it receives the
+    images and the model, and computes the whole pass from the model's parts). The chapter builds it
+    on the learner's functions where they pass.
     """
 
-    def __init__(self, config: ViTConfig, patchify: Callable = patchify):
+    def __init__(self, config: ViTConfig, patchify: Callable = patchify, forward_pass: Callable = vit_forward):
         super().__init__()
         c = self.config = config
         self.patchify = patchify
+        self.forward_pass = forward_pass
         self.patch_embed = nn.Linear(c.in_channels * c.patch_size ** 2, c.d_model)
         # [CLS] carries no pixel: through attention its final state summarises the image.
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.d_model))
@@ -173,22 +195,13 @@ class ViT(nn.Module):
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
 
-    def embed(self, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
         c = self.config
         _tensor("images", images, 4, "[batch, channels, height, width]")
         if images.shape[1:] != (c.in_channels, c.image_size, c.image_size):
             raise ValueError(f"this ViT takes images [batch, {c.in_channels}, {c.image_size}, {c.image_size}], "
                              f"got {list(images.shape)}")
-        tokens = self.patch_embed(self.patchify(images, c.patch_size))  # [B, N, d_model]
-        cls = self.cls_token.expand(images.shape[0], -1, -1)  # [B, 1, d_model]
-        x = torch.cat([cls, tokens], dim=1) + self.pos_embed  # [B, 1 + N, d_model]
-        return self.dropout(x)
-
-    def encode(self, images: torch.Tensor) -> torch.Tensor:
-        return self.encoder(self.embed(images))  # [B, 1 + N, d_model], after the final LayerNorm
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encode(images)[:, 0])  # [B, n_classes], from [CLS] alone
+        return self.forward_pass(images, self)  # [B, n_classes]
 
 
 # ---------------------------------------------------------------------------------------
@@ -306,6 +319,32 @@ def merge_patches(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x0, x1, x2, x3], dim=-1)  # [B, H/2, W/2, 4C]
 
 
+def swin_window_attention(x: torch.Tensor, block: "SwinBlock", shift: int) -> torch.Tensor:
+    """The attention half of a Swin block on a (normalised) map x [B, H, W, C] -> [B, H, W, C].
+
+    Roll the map up and left by `shift` (nothing to do for shift 0), cut it into block.window x
+    block.window windows, attend inside each window with the block's attention, adding each head's
+    relative position bias (block.bias_table looked up at relative_position_index_2d) and, for a
+    shifted map, the shifted-window mask, then put the windows back and roll the map back. The
+    window functions are the block's (`block.parts`), so a Swin built on other functions runs them.
+    """
+    b, h, w, c = x.shape
+    m, parts = block.window, block.parts
+    if shift:
+        x = cyclic_shift(x, shift)  # [B, H, W, C]: rolled up and left
+    windows = parts.window_partition(x, m)  # [B*nW, M*M, C]
+    # Index and mask are computed, not learned: cheap next to the attention, so built at each call.
+    index = parts.relative_position_index_2d(m).to(block.bias_table.device)  # [M*M, M*M]
+    bias = block.bias_table[index].permute(2, 0, 1)  # [M*M, M*M, heads] -> [heads, M*M, M*M]
+    mask = None
+    if shift:
+        # window_partition puts the batch outermost: the nW masks repeat image after image.
+        mask = parts.shifted_window_mask(h, w, m, shift).to(x.device).repeat(b, 1, 1)  # [B*nW, M*M, M*M]
+    out = block.attn(windows, windows, windows, mask=mask, bias=bias)  # [B*nW, M*M, C]
+    x = parts.window_reverse(out, m, h, w)  # [B, H, W, C]
+    return cyclic_shift(x, -shift) if shift else x
+
+
 @dataclass
 class SwinParts:
     """The functions a Swin runs on; the chapter swaps in the learner's where they pass."""
@@ -316,21 +355,25 @@ class SwinParts:
     shifted_window_mask: Callable = shifted_window_mask
     relative_position_index_2d: Callable = relative_position_index_2d
     merge_patches: Callable = merge_patches
+    window_attention: Callable = swin_window_attention
 
 
 class SwinBlock(nn.Module):
     """One Swin block, pre-norm: x + WindowAttention(LN(x)), then x + FFN(LN(x)), on [B, H, W, C].
 
-    With shift > 0 the map is rolled by -shift before the windows are cut, attention inside each
-    window is masked so the wrapped-around pieces stay apart, and the result is rolled back.
-    Each head adds a learned bias per relative offset (a table of (2M-1)^2 rows) to its scores.
-    A map no larger than the window is one window, never shifted (as in the paper's code).
+    The window attention is the function `self.window_attention` (swin_window_attention's signature,
+    from `parts`), called with the block itself and its shift: with shift > 0 the map is rolled by
+    -shift before the windows are cut, attention inside each window is masked so the wrapped-around
+    pieces stay apart, and the result is rolled back. Each head adds a learned bias per relative
+    offset (a table of (2M-1)^2 rows) to its scores. A map no larger than the window is one window,
+    never shifted (as in the paper's code).
     """
 
     def __init__(self, dim: int, n_heads: int, resolution: tuple[int, int], window: int, shift: int,
                  mlp_ratio: float = 4.0, dropout: float = 0.0, eps: float = 1e-5, parts: SwinParts | None = None):
         super().__init__()
         self.parts = parts or SwinParts()
+        self.window_attention = self.parts.window_attention
         h, w = resolution
         if min(h, w) <= window:  # the whole map fits in one window: nothing to shift
             window, shift = min(h, w), 0
@@ -339,40 +382,15 @@ class SwinBlock(nn.Module):
         self.norm1 = LayerNorm(dim, eps)
         self.attn = MultiHeadAttention(dim, n_heads, dropout)
         self.bias_table = nn.Parameter(torch.zeros((2 * window - 1) ** 2, n_heads))  # [(2M-1)^2, heads]
-        # Index and mask are computed, not learned: build them on the CPU (cheap, and real values even
-        # when the model is built on the meta device), then move them to the parameters' device.
-        with torch.device("cpu"):
-            index = self.parts.relative_position_index_2d(window)  # [M*M, M*M]
-            mask = self.parts.shifted_window_mask(h, w, window, shift) if shift else None  # [nW, M*M, M*M]
-        device = self.bias_table.device
-        self.register_buffer("bias_index", index.to(device), persistent=False)
-        self.register_buffer("mask", None if mask is None else mask.to(device), persistent=False)
         self.norm2 = LayerNorm(dim, eps)
         self.ffn = PositionwiseFeedForward(dim, int(mlp_ratio * dim), dropout, activation="gelu")
         self.dropout = nn.Dropout(dropout)
-
-    def relative_bias(self) -> torch.Tensor:
-        """The table looked up at every (query, key) pair of a window: [heads, M*M, M*M]."""
-        return self.bias_table[self.bias_index].permute(2, 0, 1)  # [M*M, M*M, heads] -> [heads, M*M, M*M]
-
-    def window_attention(self, x: torch.Tensor) -> torch.Tensor:
-        b, h, w, c = x.shape
-        p = self.parts
-        if self.shift:
-            x = cyclic_shift(x, self.shift)
-        windows = p.window_partition(x, self.window)  # [B*nW, M*M, C]
-        mask = None
-        if self.mask is not None:
-            mask = self.mask.repeat(b, 1, 1)  # [B*nW, M*M, M*M]: window_partition puts the batch outermost
-        out = self.attn(windows, windows, windows, mask=mask, bias=self.relative_bias())  # [B*nW, M*M, C]
-        x = p.window_reverse(out, self.window, h, w)  # [B, H, W, C]
-        return cyclic_shift(x, -self.shift) if self.shift else x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[1:3] != self.resolution:
             raise ValueError(f"this block was built for {self.resolution[0]}x{self.resolution[1]} maps, "
                              f"got {list(x.shape)}")
-        x = x + self.dropout(self.window_attention(self.norm1(x)))  # [B, H, W, C]
+        x = x + self.dropout(self.window_attention(self.norm1(x), self, self.shift))  # [B, H, W, C]
         return x + self.dropout(self.ffn(self.norm2(x)))
 
 
@@ -744,9 +762,10 @@ def choose_learning_rates(runs: Sequence[Run]) -> dict[str, float]:
 
 
 __all__ = [
-    "patchify", "unpatchify", "conv_to_linear", "ViTConfig", "ViT",
+    "patchify", "unpatchify", "conv_to_linear", "ViTConfig", "vit_forward", "ViT",
     "window_partition", "window_reverse", "cyclic_shift", "shifted_window_mask", "relative_position_index_2d",
-    "merge_patches", "SwinParts", "SwinBlock", "PatchMerging", "SwinStage", "SwinConfig", "Swin",
+    "merge_patches", "swin_window_attention", "SwinParts", "SwinBlock", "PatchMerging", "SwinStage", "SwinConfig",
+    "Swin",
     "vit_config_from_hf", "load_hf_vit_state_dict", "swin_config_from_hf", "load_hf_swin_state_dict",
     "SmallCNN", "count_parameters", "train_classifier", "accuracy", "Run", "train_run", "choose_learning_rates",
 ]

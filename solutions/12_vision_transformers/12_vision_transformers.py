@@ -21,18 +21,22 @@
 #    translation equivariance) that a Transformer lacks. Both measured.
 # 2. **ImageGPT**: every pixel a token, colours quantised by k-means. Shown on 8x8 digits.
 # 3. **ViT**: cut the image into patches, one token per patch, plus a [CLS] token and learned positions. You
-#    write `patchify` and check that it is a convolution in disguise.
+#    write `patchify`, check that it is a convolution in disguise, and then the model's whole forward pass
+#    (`vit_forward`).
 # 4. **Swin**: attention inside windows (`window_partition`, `window_reverse`), windows that shift every other
 #    block (`shifted_window_mask`), a learned bias per relative position in a window
-#    (`relative_position_index_2d`), and patch merging into a pyramid (`merge_patches`).
+#    (`relative_position_index_2d`), the attention half of a Swin block that puts them together
+#    (`swin_window_attention`), and patch merging into a pyramid (`merge_patches`).
 # 5. **DaViT**: attention across channels as well as across patches.
 # 6. **The experiment**: a small CNN, a ViT and a Swin of about the same size, trained on 100 to 1,047 digits
 #    under one protocol (learning rates chosen on a validation set, the same step budget, three seeds), so that
 #    you can see what the inductive biases are worth, and how sure the numbers are.
 #
-# Six exercises are autograded: `patchify`, `window_partition`, `window_reverse`, `shifted_window_mask`,
-# `relative_position_index_2d` and `merge_patches`. The ViT of the experiment runs on your `patchify`, and the
-# Swin on your five Swin functions, wherever they pass their checks.
+# Eight exercises are autograded: `patchify`, `vit_forward`, `window_partition`, `window_reverse`,
+# `shifted_window_mask`, `relative_position_index_2d`, `swin_window_attention` and `merge_patches`. Together they
+# take about 160 minutes. The ViT of the experiment runs on your `patchify` and your `vit_forward`, and the Swin on
+# your `patchify` and your six Swin functions, wherever they pass their checks; after training, the chapter checks
+# that the trained models really called your code, and says whose code they ran.
 #
 # The textbook treatment is Simon J. D. Prince, *Understanding Deep Learning* (MIT Press, 2023), section 12.10
 # "Transformers for images"; the papers are cited where they come up.
@@ -50,12 +54,14 @@ from tqdm.auto import tqdm
 
 from transformer_lib import configs
 from transformer_lib.attention import scaled_dot_product_attention
-from transformer_lib.checks import exercise_summary, yours_or_reference
+from transformer_lib.checks import exercise_summary, model_calls, yours_or_reference
 from transformer_lib.checks.ch12 import (
     check_merge_patches,
     check_patchify,
     check_relative_position_index_2d,
     check_shifted_window_mask,
+    check_swin_window_attention,
+    check_vit_forward,
     check_window_partition,
     check_window_reverse,
 )
@@ -223,7 +229,7 @@ print(f"attention scores per head and layer: 8x8 -> {64 ** 2:,};  64x64 -> {4096
 
 # %% [markdown]
 # ### Exercise 1 — `patchify`
-# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
+# > **Difficulty** ●●○ · **Importance** ●●● · about 20 minutes
 #
 # Write `patchify(images, patch)`:
 #
@@ -238,13 +244,17 @@ print(f"attention scores per head and layer: 8x8 -> {64 ** 2:,};  64x64 -> {4096
 # `[[[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, 12, 13], [10, 11, 14, 15]]]`: the top-left square first, then the
 # top-right one.
 #
-# <details><summary>Hint 1 — the idea</summary>A reshape can split an axis into two: the height <code>H</code>
-# into (which row of patches, which row inside the patch), the width likewise. Then reorder the axes so that the
-# two "which patch" axes come first and everything inside one patch comes last, and merge them again.</details>
-# <details><summary>Hint 2 — the plan</summary><code>[B, C, H, W]</code> → reshape →
-# <code>[B, C, H/p, p, W/p, p]</code> → permute → <code>[B, H/p, W/p, C, p, p]</code> → reshape →
-# <code>[B, N, C*p*p]</code>. The permute is the step that is easy to get wrong: its order is
-# <code>(0, 2, 4, ...)</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>A reshape never moves a number; it only regroups axes. Split the
+# height into two axes (which row of patches, which row inside the patch) and the width likewise: every pixel then
+# has a "which patch" address and a "where inside the patch" address. Reorder the axes so that the two "which
+# patch" axes come right after the batch and the channel joins the "inside" axes, and merge each group into one
+# axis.</details>
+# <details><summary>Hint 2 — the plan</summary><code>[B, C, H, W]</code> → split →
+# <code>[B, C, H/p, p, W/p, p]</code> → reorder the axes → <code>[B, H/p, W/p, C, p, p]</code> → merge →
+# <code>[B, N, C·p·p]</code>. The reorder is the step that is easy to get wrong: a merge only joins axes that sit
+# next to each other, in the order they sit.</details>
+# <details><summary>Hint 3 — one key expression</summary>The reorder, on the split tensor <code>x</code>:
+# <code>x.permute(0, 2, 4, 1, 3, 5)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "patchify", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def patchify(images: torch.Tensor, patch: int) -> torch.Tensor:
@@ -330,19 +340,91 @@ draw_vit_pipeline(digits.train_images[0, 0].numpy(), patch=4)
 plt.show()
 
 # %% [markdown]
-# The library's `ViT` puts these pieces together around the library's `EncoderLayer`, and runs on whatever
-# `patchify` it is given. A ViT for our digits with 2x2 patches has 16 patch tokens plus [CLS]; the one below, with
-# $d_{model} = 40$, 4 heads and a single encoder layer, is the ViT of the experiment in section 10. Built on your
-# `patchify` (where it passed), it maps a batch of digits to 10 class scores; the weights are still random:
+# The library's `ViT` module holds these pieces as its attributes, and its `forward` calls one function that
+# computes the pass from them. That function is the next exercise: the ViT of the experiment in section 10 runs on
+# yours.
+
+# %% [markdown]
+# ### Exercise 2 — `vit_forward`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 25 minutes
+#
+# Write `vit_forward(images, model)`: the whole forward pass of a ViT, from the parts of `model` (the library's
+# `ViT`, whose `forward` checks the image size and calls your function).
+#
+# * `images`: `[B, C, H, W]`; returns the class scores `[B, n_classes]`. (A ViT built with `n_classes=0` has the
+#   identity as its head, and the same code returns [CLS]'s final state, `[B, d_model]`.)
+# * the parts, introduced in the list above:
+#
+# | attribute of `model` | what it is |
+# |---|---|
+# | `patchify` | your `patchify_impl` (the chapter builds every ViT with it); the patch size is `config.patch_size` |
+# | `patch_embed` | the linear layer from a flattened patch, $C p^2$ numbers, to a token of $d_{model}$ |
+# | `cls_token` | the learned [CLS] vector, `[1, 1, d_model]`: one for the whole batch |
+# | `pos_embed` | the learned positions, `[1, 1 + N, d_model]`: row 0 for [CLS], row $k + 1$ for patch $k$ |
+# | `encoder.layers` | the pre-norm encoder layers, each `[B, L, d_model]` → `[B, L, d_model]` |
+# | `encoder.norm` | the final LayerNorm |
+# | `head` | the linear layer from $d_{model}$ to the class scores |
+#
+# (`model.dropout` belongs right after the positions; at the dropout of 0 used here it changes nothing.) Do not call
+# `model(images)` inside your function: that calls your function again, and the check refuses it.
+#
+# Worked example: the check's first case holds two 4x4 grey images and a ViT with 2x2 patches and
+# $d_{model} = 8$. The 4 patch tokens with [CLS] in front make a sequence `[2, 5, 8]` for the encoder, and the head
+# turns [CLS]'s final state into 3 class scores per image: `[2, 3]`.
+#
+# <details><summary>Hint 1 — the idea</summary>ViT is chapter 05's encoder reading a sentence whose words are
+# patches. [CLS] is one more word, put in front, that stands for no patch. Every word, [CLS] included, has its own
+# learned position, so the sentence must be complete before the positions go in. At the end, only [CLS]'s state
+# is classified.</details>
+# <details><summary>Hint 2 — the plan</summary>images <code>[B, C, H, W]</code> → patches
+# <code>[B, N, C·p·p]</code> → tokens <code>[B, N, d_model]</code>; the single [CLS] vector repeated for each
+# image, <code>[B, 1, d_model]</code>; both joined along the sequence axis, [CLS] first,
+# <code>[B, 1 + N, d_model]</code>; plus the positions, which broadcast over the batch; every encoder layer in turn;
+# the final LayerNorm; token 0 of each image, <code>[B, d_model]</code>; the head, <code>[B, n_classes]</code>.
+# </details>
+# <details><summary>Hint 3 — one key expression</summary>[CLS] for every image of the batch, without copying
+# memory: <code>model.cls_token.expand(images.shape[0], -1, -1)</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "vit_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def vit_forward(images: torch.Tensor, model: ViT) -> torch.Tensor:
+    """A ViT's forward pass, from the parts of `model`: images [B, C, H, W] -> class scores [B, n_classes]."""
+    ### BEGIN SOLUTION
+    patches = model.patchify(images, model.config.patch_size)  # [B, N, C*p*p]
+    tokens = model.patch_embed(patches)  # [B, N, d_model]
+    cls = model.cls_token.expand(images.shape[0], -1, -1)  # [B, 1, d_model]: the same vector for every image
+    x = torch.cat([cls, tokens], dim=1) + model.pos_embed  # [B, 1 + N, d_model]: [CLS] first, then positions
+    x = model.dropout(x)
+    for layer in model.encoder.layers:
+        x = layer(x)  # [B, 1 + N, d_model]
+    x = model.encoder.norm(x)  # pre-norm layers leave their last residual sum unnormalised
+    return model.head(x[:, 0])  # [B, n_classes], from [CLS] alone
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "vit_forward_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_vit_forward(vit_forward)
+### BEGIN HIDDEN TESTS
+check_vit_forward(vit_forward, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+vit_forward_impl = yours_or_reference(vit_forward, check_vit_forward)
+
+# %% [markdown]
+# A ViT for our digits with 2x2 patches has 16 patch tokens plus [CLS]. The one below, with $d_{model} = 40$,
+# 4 heads and a single encoder layer, is the ViT of the experiment in section 10. Built on your `patchify_impl` and
+# your `vit_forward_impl`, it maps a batch of digits to 10 class scores (the weights are still random), and one
+# forward pass calls your function once:
 
 # %%
 torch.manual_seed(0)
 tiny_vit = ViT(ViTConfig(image_size=8, patch_size=2, in_channels=1, n_classes=10, d_model=40, n_heads=4,
-                         n_layers=1, d_ff=80), patchify=patchify_impl)
+                         n_layers=1, d_ff=80), patchify=patchify_impl, forward_pass=vit_forward_impl)
 batch = digits.train_images[:5]  # [5, 1, 8, 8]
+print("tokens per image: 1 [CLS] +", patchify_impl(batch, 2).shape[1], "patches")
 with torch.no_grad():
-    print("encoder input (with [CLS]):", list(tiny_vit.embed(batch).shape))
-    print("class scores:             ", list(tiny_vit(batch).shape))
+    print("class scores:", list(tiny_vit(batch).shape))
+print("calls of vit_forward_impl in one forward pass:", model_calls(tiny_vit, vit_forward_impl, batch))
 print(f"parameters: {count_parameters(tiny_vit):,}")
 
 vit_b16 = configs.vit_b16(device="meta")  # the paper's ViT-B/16, built without allocating memory
@@ -395,8 +477,8 @@ print(f"{n_tokens:,} tokens: global attention {global_scores:,} scores, "
 # `window_reverse`.
 
 # %% [markdown]
-# ### Exercise 2 — `window_partition`
-# > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
+# ### Exercise 3 — `window_partition`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
 #
 # Write `window_partition(x, window)`:
 #
@@ -409,12 +491,15 @@ print(f"{n_tokens:,} tokens: global attention {global_scores:,} scores, "
 # `[4, 4, 1]`). The same numbers as `patchify`'s example: cutting a map into windows is patchifying it, with the
 # channels kept apart instead of flattened into the token.
 #
-# <details><summary>Hint 1 — the idea</summary>Split the height into (window row, row inside the window) and the
-# width into (window column, column inside the window), move the two window indices next to the batch, and
-# merge: the batch and the window indices into one axis, the two in-window axes into another.</details>
-# <details><summary>Hint 2 — the plan</summary><code>[B, H, W, C]</code> → <code>[B, H/M, M, W/M, M, C]</code> →
-# permute → <code>[B, H/M, W/M, M, M, C]</code> → <code>[B*nW, M*M, C]</code> (a reshape with
-# <code>-1</code> in front does the merging).</details>
+# <details><summary>Hint 1 — the idea</summary>It is <code>patchify</code> again, with two differences: the channels
+# stay a separate last axis instead of joining the token, and the batch and the window's position merge into one
+# axis, so that the windows of all images form one batch of short sequences.</details>
+# <details><summary>Hint 2 — the plan</summary><code>[B, H, W, C]</code> → split both spatial axes →
+# <code>[B, H/M, M, W/M, M, C]</code> → bring the two window indices next to the batch →
+# <code>[B, H/M, W/M, M, M, C]</code> → merge the first three axes into one and the two in-window axes into another
+# → <code>[B·nW, M·M, C]</code>.</details>
+# <details><summary>Hint 3 — one key expression</summary>The reorder, on the split map <code>x</code>:
+# <code>x.permute(0, 1, 3, 2, 4, 5)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "window_partition", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def window_partition(x: torch.Tensor, window: int) -> torch.Tensor:
@@ -437,7 +522,7 @@ check_window_partition(window_partition, hidden=True)
 window_partition_impl = yours_or_reference(window_partition, check_window_partition)
 
 # %% [markdown]
-# ### Exercise 3 — `window_reverse`
+# ### Exercise 4 — `window_reverse`
 # > **Difficulty** ●●○ · **Importance** ●●○ · about 10 minutes
 #
 # Write `window_reverse(windows, window, height, width)`, the inverse of `window_partition`: it takes
@@ -448,10 +533,13 @@ window_partition_impl = yours_or_reference(window_partition, check_window_partit
 # holding 0..15 row by row.
 #
 # <details><summary>Hint 1 — the idea</summary>Undo the three steps of <code>window_partition</code> in reverse
-# order: split the axes that were merged, swap back the axes that were permuted, merge what was split.</details>
-# <details><summary>Hint 2 — the plan</summary><code>[B*nW, M*M, C]</code> → <code>[B, H/M, W/M, M, M, C]</code>
-# (let <code>-1</code> find <code>B</code>) → permute → <code>[B, H/M, M, W/M, M, C]</code> →
-# <code>[B, H, W, C]</code>.</details>
+# order: split what it merged, swap back what it swapped, merge what it split. The number of images is whatever
+# is left over: let the first reshape work it out.</details>
+# <details><summary>Hint 2 — the plan</summary><code>[B·nW, M·M, C]</code> → split →
+# <code>[B, H/M, W/M, M, M, C]</code> → swap the window-column axis with the in-window row axis →
+# <code>[B, H/M, M, W/M, M, C]</code> → merge → <code>[B, H, W, C]</code>.</details>
+# <details><summary>Hint 3 — one key expression</summary>Swapping two axes is its own inverse, so the reorder is
+# the one of <code>window_partition</code>: <code>x.permute(0, 1, 3, 2, 4, 5)</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "window_reverse", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def window_reverse(windows: torch.Tensor, window: int, height: int, width: int) -> torch.Tensor:
@@ -520,8 +608,8 @@ plt.show()
 # of the same window exactly when their labels are equal.
 
 # %% [markdown]
-# ### Exercise 4 — `shifted_window_mask`
-# > **Difficulty** ●●● · **Importance** ●●● · about 20 minutes
+# ### Exercise 5 — `shifted_window_mask`
+# > **Difficulty** ●●● · **Importance** ●●● · about 25 minutes
 #
 # Write `shifted_window_mask(height, width, window, shift)`:
 #
@@ -535,14 +623,19 @@ plt.show()
 # `True`; window 3, the bottom-right one (labels 4, 5, 7, 8), is the 4x4 identity: its four tokens come from four
 # different corners of the original map, and each may only attend to itself.
 #
-# <details><summary>Hint 1 — the idea</summary>Compute the band of every row index and of every column index with
-# two comparisons each (<code>idx >= H - M</code>, <code>idx >= H - shift</code>) and add them; combine the two
-# into a label map <code>[H, W]</code>; your <code>window_partition_impl</code> cuts it into windows if you give it
-# a batch and a channel axis.</details>
-# <details><summary>Hint 2 — the plan</summary>bands <code>[H]</code> and <code>[W]</code> → labels
-# <code>[H, W]</code> → <code>label[None, :, :, None]</code> through <code>window_partition_impl</code> →
-# <code>[nW, M*M, 1]</code> → drop the last axis → <code>[nW, M*M]</code> → compare
-# <code>labels[:, :, None]</code> with <code>labels[:, None, :]</code> → <code>[nW, M*M, M*M]</code>.</details>
+# <details><summary>Hint 1 — the idea</summary>Think of labels, not of windows. Each position of the rolled map
+# gets the label of the piece it came from (its row band and its column band together: 9 labels). Cut the label map
+# into windows exactly as you cut tokens, and within each window compare every label with every other one.
+# </details>
+# <details><summary>Hint 2 — the plan</summary>row indices <code>[H]</code> → row bands <code>[H]</code> (each
+# band limit passed or not counts one); the same for the columns, <code>[W]</code>; labels <code>[H, W]</code>, a
+# different number for each pair of bands, by broadcasting a column against a row; your
+# <code>window_partition_impl</code> takes a map <code>[B, H, W, C]</code>, so give the labels a batch axis and a
+# channel axis of size 1 → <code>[nW, M·M, 1]</code> → <code>[nW, M·M]</code>; every label of a window against
+# every other → <code>[nW, M·M, M·M]</code>.</details>
+# <details><summary>Hint 3 — one key expression</summary>The band of each row index, with <code>rows</code> the
+# indices 0 to H - 1:
+# <code>(rows >= height - window).long() + (rows >= height - shift).long()</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "shifted_window_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def shifted_window_mask(height: int, width: int, window: int, shift: int) -> torch.Tensor:
@@ -575,40 +668,7 @@ draw_shifted_windows(shifted_window_mask_impl)
 plt.show()
 
 # %% [markdown]
-# **Does the mask do its job?** In a shifted block, token (0, 0) (top-left of the image) is rolled into the
-# bottom-right window, right next to token (7, 7) (bottom-right of the image), its neighbour only through the
-# wrap-around. Change token (0, 0) and watch the output at (7, 7) of one `SwinBlock`, once with your mask and once
-# with a mask that allows everything:
-
-# %% tags=["nbval-ignore-output"]
-def allow_all(height, width, window, shift):  # a "mask" that blocks nothing
-    n_windows = (height // window) * (width // window)
-    return torch.ones(n_windows, window * window, window * window, dtype=torch.bool)
-
-
-feature_map = torch.randn(1, 8, 8, 16)  # [B, H, W, C]
-changed = feature_map.clone()
-changed[0, 0, 0] += torch.randn(16)
-effects = {}
-for name, mask_fn in [("your mask", shifted_window_mask_impl), ("no mask", allow_all)]:
-    torch.manual_seed(0)
-    block = SwinBlock(16, 2, (8, 8), window=4, shift=2,
-                      parts=SwinParts(window_partition=window_partition_impl, window_reverse=window_reverse_impl,
-                                      shifted_window_mask=mask_fn)).eval()
-    with torch.no_grad():
-        nn.init.normal_(block.attn.w_v.weight)  # large enough weights that any leak shows
-        effects[name] = (block(changed) - block(feature_map))[0, 7, 7].abs().max().item()
-    print(f"{name:>9}: change at (7, 7) = {effects[name]:.1e}")
-claim(effects["your mask"] == 0, "with the mask, changing token (0, 0) changes nothing at (7, 7): exactly zero",
-      measured=f"{effects['your mask']:.1e}")
-claim(effects["no mask"] > 0.01, "without it, the change at (7, 7) is above 0.01", measured=f"{effects['no mask']:.1e}")
-
-# %% [markdown]
-# With the mask, the wrapped-around neighbour has no influence at all (exactly zero); without it, the bottom of
-# the digit would attend to its top as if they touched.
-
-# %% [markdown]
-# ## 7. Relative position bias
+# ## 7. Relative position bias, and the window attention it goes into
 #
 # Swin adds no position vectors to its tokens. Instead, each head of each block adds a learned number to each
 # attention score, chosen by **where the key is relative to the query** inside the window: the same offset,
@@ -620,8 +680,8 @@ claim(effects["no mask"] > 0.01, "without it, the change at (7, 7) is above 0.01
 # is to compute, once, which row of the table each (query, key) pair of a window reads.
 
 # %% [markdown]
-# ### Exercise 5 — `relative_position_index_2d`
-# > **Difficulty** ●●○ · **Importance** ●●○ · about 15 minutes
+# ### Exercise 6 — `relative_position_index_2d`
+# > **Difficulty** ●●○ · **Importance** ●●○ · about 20 minutes
 #
 # Write `relative_position_index_2d(window)`, returning an int64 tensor `[M * M, M * M]`:
 #
@@ -634,12 +694,15 @@ claim(effects["no mask"] > 0.01, "without it, the change at (7, 7) is above 0.01
 # `[[4, 3, 1, 0], [5, 4, 2, 1], [7, 6, 4, 3], [8, 7, 5, 4]]`: the diagonal (offset (0, 0)) is always the middle row
 # of the table, 4 of 0..8; the same number appears wherever the offset is the same.
 #
-# <details><summary>Hint 1 — the idea</summary>Make the coordinates of the $M^2$ tokens, one row and one column
-# each, then subtract every key's coordinates from every query's with broadcasting.</details>
-# <details><summary>Hint 2 — the plan</summary><code>y</code>, <code>x</code>: <code>[M*M]</code> (from
-# <code>torch.arange(M * M)</code> with <code>//</code> and <code>%</code>, or from <code>torch.meshgrid</code>);
-# <code>dy = y[:, None] - y[None, :]</code>: <code>[M*M, M*M]</code>, the same for <code>dx</code>; then shift and
-# combine.</details>
+# <details><summary>Hint 1 — the idea</summary>Give each of the $M^2$ tokens its coordinates, a row and a column.
+# The offsets of all pairs at once come from broadcasting: the queries' coordinates as a column, the keys' as a row,
+# one subtraction. Then shift and number them as the statement says.</details>
+# <details><summary>Hint 2 — the plan</summary>token numbers 0 to $M^2 - 1$, <code>[M·M]</code> → rows and
+# columns, <code>[M·M]</code> each (integer division by M and its remainder) → row offsets
+# <code>[M·M, M·M]</code>, query on the rows and key on the columns, and column offsets likewise → both shifted into
+# $[0, 2M - 2]$ → one number per pair, <code>[M·M, M·M]</code>, int64.</details>
+# <details><summary>Hint 3 — one key expression</summary>The row offset of every (query, key) pair, from the rows
+# <code>y</code> of the tokens: <code>y[:, None] - y[None, :]</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "relative_position_index_2d", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def relative_position_index_2d(window: int) -> torch.Tensor:
@@ -679,10 +742,127 @@ plt.show()
 print("3x3 window, first diagonal above the main one:", index_3.diagonal(1).tolist())
 
 # %% [markdown]
-# In a block, the lookup `bias_table[index]` gives `[M*M, M*M, heads]`; permuted to `[heads, M*M, M*M]`, it is added
-# to every window's scores through the `bias=` argument of the library's `MultiHeadAttention`, next to the
-# shifted-window mask. The table is a parameter, trained like any weight; the index is fixed. One table per block
-# holds $(2M - 1)^2 \times$ heads numbers: 169 × 3 = 507 in the first block of Swin-T.
+# In a block, the table is a parameter, trained like any weight; the index is fixed. One table per block holds
+# $(2M - 1)^2 \times$ heads numbers: 169 × 3 = 507 in the first block of Swin-T. Looked up at the index, it
+# gives every (query, key) pair of a window its row of biases, one per head.
+#
+# Now every piece of a Swin block's attention is there. In a block, the map goes through a LayerNorm, then through
+# **window attention**, then back into the residual sum (the second half, LayerNorm, MLP and residual, is the
+# usual one). Window attention is where the pieces meet: in a shifted block the map is rolled, cut into windows,
+# each window attends to itself with the relative bias added to every head's scores and the mask keeping the
+# wrapped-around pieces apart, and the windows go back in place before the map is rolled back.
+#
+# The attention itself is the library's `MultiHeadAttention` (chapter 03), one per block, which takes both extras:
+# `attn(q, k, v, mask=..., bias=...)` with `q`, `k`, `v` of shape `[batch, L, C]`, a boolean `mask` `[batch, L, L]`
+# (True = may attend, the same for every head) and a float `bias` that broadcasts to `[batch, heads, L, L]`, added
+# to the scores before the softmax. Here a "batch" is all the windows of all the images.
+
+# %% [markdown]
+# ### Exercise 7 — `swin_window_attention`
+# > **Difficulty** ●●● · **Importance** ●●● · about 35 minutes
+#
+# Write `swin_window_attention(x, block, shift)`, the window attention of one Swin block:
+#
+# * `x`: a map `[B, H, W, C]` (already normalised by the block); returns `[B, H, W, C]`, every token at its place.
+# * `block`: the library's `SwinBlock`, of which you need `block.window` ($M$), `block.attn` (its
+#   `MultiHeadAttention`, described above) and `block.bias_table` (`[(2M-1)^2, heads]`).
+# * `shift`: 0 for a regular block, $M/2$ for a shifted one. With `shift = 0` nothing is rolled and nothing masked.
+# * use your `window_partition_impl`, `window_reverse_impl`, `shifted_window_mask_impl` and
+#   `relative_position_index_2d_impl` (or the library's `cyclic_shift` for the rolls, if you like).
+#
+# The library's `SwinBlock` calls your function between its first LayerNorm and its first residual addition, with
+# its own shift; the Swin of the experiment runs on it. Calling `block(x)` inside your function would call your
+# function again: the check refuses it.
+#
+# Worked example of the shapes, on the check's first case: 2 maps of 4x4 tokens with $C = 4$, windows of 2x2,
+# shift 1, 2 heads. The windows are `[8, 4, 4]` (4 windows of 4 tokens per map), the bias `[2, 4, 4]` (one 4x4
+# matrix per head, the same for every window), the mask `[8, 4, 4]` (one per window), and the result `[2, 4, 4, 4]`.
+#
+# <details><summary>Hint 1 — the idea</summary>Only the roll and the mask make a shifted block different from a
+# regular one: the roll decides which tokens share a window, and the mask removes the pairs that met only through
+# the wrap-around. The relative bias depends on the head and on the pair's offset, not on the window or the image;
+# the mask depends on the window, not on the head or the image. All windows of all images attend at once, as one
+# batch, and the roll is undone at the end so that every token comes back to its place.</details>
+# <details><summary>Hint 2 — the plan</summary><code>[B, H, W, C]</code> rolled by minus <code>shift</code> on the
+# two spatial axes → windows <code>[B·nW, M·M, C]</code>; the table looked up at the index,
+# <code>[M·M, M·M, heads]</code>, with the heads moved to the front, <code>[heads, M·M, M·M]</code>; for a shifted
+# map, the <code>[nW, M·M, M·M]</code> masks repeated for each image in the order the windows come (all windows of
+# image 0, then of image 1, ...), <code>[B·nW, M·M, M·M]</code>; attention → <code>[B·nW, M·M, C]</code>; windows
+# back into the map, height before width, <code>[B, H, W, C]</code>; rolled back by plus <code>shift</code>.
+# </details>
+# <details><summary>Hint 3 — one key expression</summary>Each head's bias for every (query, key) pair:
+# <code>block.bias_table[relative_position_index_2d_impl(block.window)].permute(2, 0, 1)</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "swin_window_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def swin_window_attention(x: torch.Tensor, block: SwinBlock, shift: int) -> torch.Tensor:
+    """A Swin block's window attention on a [B, H, W, C] map, shifted windows when shift > 0: [B, H, W, C]."""
+    ### BEGIN SOLUTION
+    b, h, w, c = x.shape
+    m = block.window
+    x = torch.roll(x, shifts=(-shift, -shift), dims=(1, 2))  # up and left (nothing moves for shift 0)
+    windows = window_partition_impl(x, m)  # [B*nW, M*M, C]
+    bias = block.bias_table[relative_position_index_2d_impl(m)].permute(2, 0, 1)  # [heads, M*M, M*M]
+    mask = None
+    if shift:
+        # window_partition puts the batch outermost: the nW masks repeat image after image
+        mask = shifted_window_mask_impl(h, w, m, shift).repeat(b, 1, 1)  # [B*nW, M*M, M*M]
+    out = block.attn(windows, windows, windows, mask=mask, bias=bias)  # [B*nW, M*M, C]
+    x = window_reverse_impl(out, m, h, w)  # [B, H, W, C]
+    return torch.roll(x, shifts=(shift, shift), dims=(1, 2))  # back down and right
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "swin_window_attention_test", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_swin_window_attention(swin_window_attention)
+### BEGIN HIDDEN TESTS
+check_swin_window_attention(swin_window_attention, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+swin_window_attention_impl = yours_or_reference(swin_window_attention, check_swin_window_attention)
+
+# %% [markdown]
+# **Does the mask do its job?** In a shifted block of an 8x8 map with windows of 4x4, token (0, 0) (top-left of the
+# map) is rolled into the bottom-right window, right next to token (7, 7) (bottom-right of the map), its neighbour
+# only through the wrap-around. Change token (0, 0) and watch the window attention's output at (7, 7), once through
+# your `swin_window_attention_impl` with shift 2, and once without a mask. Without a mask is easy to get from your
+# function: roll the map yourself, call it with shift 0 (plain windows, no mask), and roll the result back.
+
+# %% tags=["nbval-ignore-output"]
+torch.manual_seed(0)
+parts = SwinParts(window_partition=window_partition_impl, window_reverse=window_reverse_impl,
+                  shifted_window_mask=shifted_window_mask_impl,
+                  relative_position_index_2d=relative_position_index_2d_impl,
+                  window_attention=swin_window_attention_impl)
+block = SwinBlock(16, 2, (8, 8), window=4, shift=2, parts=parts).eval()
+with torch.no_grad():
+    nn.init.normal_(block.attn.w_v.weight)  # large enough weights that any leak shows
+    nn.init.normal_(block.bias_table)
+
+
+def with_your_mask(x):
+    return swin_window_attention_impl(x, block, 2)
+
+
+def without_a_mask(x):  # the same windows, unmasked: shift 0 on the rolled map, then rolled back
+    return cyclic_shift(swin_window_attention_impl(cyclic_shift(x, 2), block, 0), -2)
+
+
+feature_map = torch.randn(1, 8, 8, 16)  # [B, H, W, C]
+changed = feature_map.clone()
+changed[0, 0, 0] += torch.randn(16)
+effects = {}
+for name, attend in [("your mask", with_your_mask), ("no mask", without_a_mask)]:
+    with torch.no_grad():
+        effects[name] = (attend(changed) - attend(feature_map))[0, 7, 7].abs().max().item()
+    print(f"{name:>9}: change at (7, 7) = {effects[name]:.1e}")
+claim(effects["your mask"] == 0, "with the mask, changing token (0, 0) changes nothing at (7, 7): exactly zero",
+      measured=f"{effects['your mask']:.1e}")
+claim(effects["no mask"] > 0.01, "without it, the change at (7, 7) is above 0.01", measured=f"{effects['no mask']:.1e}")
+
+# %% [markdown]
+# With the mask, the wrapped-around neighbour has no influence at all (exactly zero); without it, the bottom of
+# the digit would attend to its top as if they touched.
 
 # %% [markdown]
 # ## 8. Patch merging: a feature pyramid
@@ -697,7 +877,7 @@ print("3x3 window, first diagonal above the main one:", index_3.diagonal(1).toli
 # x1 = (1, 0), x2 = (0, 1), x3 = (1, 1) of each block (the row offset changes first), and so does Hugging Face's.
 
 # %% [markdown]
-# ### Exercise 6 — `merge_patches`
+# ### Exercise 8 — `merge_patches`
 # > **Difficulty** ●○○ · **Importance** ●●○ · about 10 minutes
 #
 # Write `merge_patches(x)`: `x` is `[B, H, W, C]` with `H` and `W` even; return `[B, H/2, W/2, 4C]` where merged
@@ -709,9 +889,13 @@ print("3x3 window, first diagonal above the main one:", index_3.diagonal(1).toli
 # `[0, 4, 1, 5]` and merged token (1, 1) is `[10, 14, 11, 15]`.
 #
 # <details><summary>Hint 1 — the idea</summary>Slicing with a step of 2 picks one corner of every 2x2 block at
-# once: rows 0, 2, 4, ... and columns 0, 2, 4, ... are all the top-left corners.</details>
-# <details><summary>Hint 2 — the plan</summary>Four slices of shape <code>[B, H/2, W/2, C]</code>, the first being
-# <code>x[:, 0::2, 0::2]</code>; then one <code>torch.cat</code> along the last axis.</details>
+# once: rows 0, 2, 4, ... and columns 0, 2, 4, ... are all the top-left corners, as a map of half the height and
+# half the width.</details>
+# <details><summary>Hint 2 — the plan</summary>four corner maps, each <code>[B, H/2, W/2, C]</code>, in the order
+# top-left, bottom-left, top-right, bottom-right; joined along the channel axis → <code>[B, H/2, W/2, 4C]</code>.
+# </details>
+# <details><summary>Hint 3 — one key expression</summary>The top-left corners: <code>x[:, 0::2, 0::2]</code>.
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "merge_patches", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def merge_patches(x: torch.Tensor) -> torch.Tensor:
@@ -766,10 +950,11 @@ print(f"Swin-T: {count_parameters(swin_t):,} parameters ({count_parameters(swin_
 # shift. For classification Swin has no [CLS] token: it averages the final LayerNorm's output over all
 # positions and applies a linear layer.
 #
-# The library's `Swin` assembles the blocks from your functions (`SwinParts`), and `tests/test_vision.py` copies
-# the weights of Hugging Face's `SwinForImageClassification` and `ViTForImageClassification` (built from small
-# random configurations) into the course's models and finds the same outputs to float precision. The orders you
-# implemented (windows, roll direction, index, merging) are the published ones.
+# The library's `Swin` assembles the blocks from the functions it is given (`SwinParts`: in section 10, yours), and
+# `tests/test_vision.py` copies the weights of Hugging Face's `SwinForImageClassification` and
+# `ViTForImageClassification` (built from small random configurations) into the course's models and finds the same
+# outputs to float precision. The orders you implemented (windows, roll direction, index, merging) are the
+# published ones.
 
 # %% [markdown]
 # ## 9. DaViT: attention across channels too
@@ -830,11 +1015,11 @@ for n in (56 * 56, 112 * 112):  # a 224x224 and a 448x448 image in 4x4 patches
 #   * **CNN**: two 3x3 convolutions (20 and 40 channels) with a 2x2 max-pool between them, and a linear layer:
 #     locality and weight sharing built in;
 #   * **ViT**: the one of section 4: 2x2 patches (16 tokens + [CLS]), $d_{model} = 40$, 4 heads, one encoder layer
-#     with an MLP twice as wide as the tokens; it runs on your `patchify`;
+#     with an MLP twice as wide as the tokens; it runs on your `patchify` and your `vit_forward`;
 #   * **Swin**: 2x2 patches (a 4x4 map), $C = 12$, windows of 2x2 tokens shifted by 1 in every other block, then one
 #     patch merging to a 2x2 map with 24 channels (a single window); 2 blocks per stage with 2 and 4 heads, MLPs
 #     twice as wide as the tokens. It runs on your `patchify`, `window_partition`, `window_reverse`,
-#     `shifted_window_mask`, `relative_position_index_2d` and `merge_patches`.
+#     `shifted_window_mask`, `relative_position_index_2d`, `swin_window_attention` and `merge_patches`.
 # * **Training**, the same for all three: AdamW with weight decay 0.05, a 20-step linear warm-up and then a cosine
 #   decay to zero, batches of 64, and **200 steps at every training-set size**: the same number of weight updates
 #   everywhere, though not the same number of passes over the data (about 128 views of each image with 100 images,
@@ -856,12 +1041,13 @@ def make_cnn():
 def make_vit():
     config = ViTConfig(image_size=8, patch_size=2, in_channels=1, n_classes=10, d_model=40, n_heads=4, n_layers=1,
                        d_ff=80)
-    return ViT(config, patchify=patchify_impl)
+    return ViT(config, patchify=patchify_impl, forward_pass=vit_forward_impl)
 
 
 your_parts = SwinParts(patchify=patchify_impl, window_partition=window_partition_impl,
                        window_reverse=window_reverse_impl, shifted_window_mask=shifted_window_mask_impl,
-                       relative_position_index_2d=relative_position_index_2d_impl, merge_patches=merge_patches_impl)
+                       relative_position_index_2d=relative_position_index_2d_impl, merge_patches=merge_patches_impl,
+                       window_attention=swin_window_attention_impl)
 
 
 def make_swin():
@@ -920,6 +1106,21 @@ final = [r for r in grid if r.lr == rate[r.name]]  # seed 0 at the chosen rates
 final += [train_run(name, MODELS[name], data, n, rate[name], seed=seed, steps=STEPS)
           for name, n, seed in tqdm(more, desc="seeds 1 and 2")]
 print(f"{len(more)} more runs in {time.perf_counter() - start:.0f} s")
+
+# %% [markdown]
+# Whose code did the Transformers just train on? Each model keeps the functions it was built with, and
+# `model_calls` counts the calls made through them during one forward pass of a trained model: one call of the
+# forward pass per image batch for the ViT, one call of the window attention per block for the Swin.
+
+# %%
+trained_vit = next(r.model for r in final if r.name == "ViT")
+trained_swin = next(r.model for r in final if r.name == "Swin")
+probe = data.test_images[:4]  # [4, 1, 8, 8]
+assert model_calls(trained_vit, vit_forward_impl, probe) == 1
+assert model_calls(trained_swin, swin_window_attention_impl, probe) == len(trained_swin.blocks()) == 4
+for model_name, used, learners in [("ViT", vit_forward_impl, vit_forward),
+                                   ("Swin", swin_window_attention_impl, swin_window_attention)]:
+    print(f"the trained {model_name} ran {'your' if used is learners else 'the reference'} `{learners.__name__}`")
 
 # %% [markdown]
 # Now, and only now, the test set: each of the 27 kept runs is scored on the 450 test images. The table gives the
@@ -1024,14 +1225,16 @@ claim(max(worst_end_loss["CNN", n] for n in SIZES) < 0.02
 # * **ImageGPT** treats pixels as tokens of a k-means palette (512 colours) and models them like text; it stops at
 #   64x64 images.
 # * **ViT** turns $p \times p$ patches into tokens (`patchify`, equal to a stride-$p$ convolution), prepends
-#   **[CLS]**, adds **learned 1-D positions**, runs a pre-norm encoder and classifies from [CLS]. ViT-B/16 has
-#   86.6M parameters; it needs pre-training on very large sets to beat CNNs (or, as DeiT showed, strong
+#   **[CLS]**, adds **learned 1-D positions**, runs a pre-norm encoder and classifies from [CLS] (your
+#   `vit_forward`: [CLS] in front before the positions go in, the final LayerNorm, the head on [CLS] alone).
+#   ViT-B/16 has 86.6M parameters; it needs pre-training on very large sets to beat CNNs (or, as DeiT showed, strong
 #   augmentation and distillation to match them on ImageNet alone).
 # * **Swin** attends inside $M \times M$ **windows** (cost linear in the image size), **shifts** them by $M/2$
 #   every other block with a cyclic roll and a **mask** that keeps the wrapped-around pieces apart, adds a learned
 #   **relative position bias** (one table per block: $(2M-1)^2$ offsets, a column per head), and builds a
 #   **feature pyramid** by **merging** 2x2 neighbours (4C → LayerNorm → 2C). It pools the last stage instead of
-#   using [CLS]. Swin-T has 28.3M parameters.
+#   using [CLS]. A block's window attention (your `swin_window_attention`) rolls the map, cuts the windows, attends
+#   with the bias and the mask, puts the windows back and rolls the map back. Swin-T has 28.3M parameters.
 # * **DaViT** alternates window attention between patches with attention between groups of channels: a global view
 #   whose cost grows linearly with the number of patches, not with its square.
 # * On 8x8 digits, under one protocol (a validation set to choose the learning rates, the same 200 steps for every
@@ -1052,8 +1255,9 @@ claim(max(worst_end_loss["CNN", n] for n in SIZES) < 0.02
 # Which of this chapter's exercises pass (the line for an exercise you have not checked yet says so):
 
 # %%
-exercise_summary(check_patchify, check_window_partition, check_window_reverse, check_shifted_window_mask,
-                 check_relative_position_index_2d, check_merge_patches)
+exercise_summary(check_patchify, check_vit_forward, check_window_partition, check_window_reverse,
+                 check_shifted_window_mask, check_relative_position_index_2d, check_swin_window_attention,
+                 check_merge_patches)
 
 # %% [markdown]
 # ## Glossary · 术语表
@@ -1065,12 +1269,14 @@ exercise_summary(check_patchify, check_window_partition, check_window_reverse, c
 # | locality | 局部性 | nearby pixels matter most; a small kernel only combines neighbours |
 # | patch | 图块 (patch) | a $p \times p$ square of the image, flattened into one token |
 # | patch embedding | 图块嵌入 | the linear map from a flattened patch to a token (a stride-$p$ convolution) |
+# | forward pass | 前向传播 | the computation from a model's input to its output, here images to class scores |
 # | class token [CLS] | 分类标记 [CLS] | an extra learned token whose final state the classifier reads |
 # | learned position embedding | 可学习位置编码 | one trained vector per token position, added to the token |
 # | colour palette / quantisation | 调色板 / 颜色量化 | replacing each colour by the nearest of a few (k-means) colours, so pixels become tokens |
 # | window attention | 窗口注意力 | self-attention restricted to the tokens of one $M \times M$ window |
 # | shifted window | 移位窗口 | the window grid displaced by $M/2$ in every other block, so information crosses borders |
 # | cyclic shift | 循环移位 | rolling the map so that what leaves one side comes back on the other (`torch.roll`) |
+# | shifted-window mask | 移位窗口掩码 | keeps the pieces of a rolled map that share a window from attending to each other |
 # | relative position bias | 相对位置偏置 | a learned score added per head and per query-key offset inside a window, from one table `[(2M-1)^2, heads]` per block |
 # | patch merging | 图块合并 | concatenating 2x2 neighbours, LayerNorm, Linear 4C → 2C: half the resolution, twice the channels |
 # | feature pyramid | 特征金字塔 | maps of falling resolution and rising channel count, as in a CNN |

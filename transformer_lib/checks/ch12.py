@@ -1,13 +1,16 @@
-"""Checkers for chapter 12, Transformers for images: patchify (ViT's tokens), window_partition and
-window_reverse (Swin's windows), shifted_window_mask (what keeps the wrapped-around pieces of a
-rolled map apart), relative_position_index_2d (the bias table's row for each pair of a window) and
-merge_patches (Swin's 2 x 2 patch merging, in its published order).
+"""Checkers for chapter 12, Transformers for images: patchify (ViT's tokens), vit_forward (a ViT's whole
+forward pass, from the parts of the library's ViT), window_partition and window_reverse (Swin's windows),
+shifted_window_mask (what keeps the wrapped-around pieces of a rolled map apart),
+relative_position_index_2d (the bias table's row for each pair of a window), swin_window_attention (the
+attention half of a Swin block: roll, windows, attention with the bias and the mask, reverse, roll back)
+and merge_patches (Swin's 2 x 2 patch merging, in its published order).
 
 Each checker compares a learner's answer with transformer_lib.vision on deterministic cases and
 knows the wrong answers learners often write: features flattened channels-last, patches or
 windows taken column by column, a reshape without the permute that gathers a square, a mask
 built for the roll in the other direction or with labels that collide, an index not shifted by
-M - 1 or with the wrong stride, neighbours merged in reading order, ...
+M - 1 or with the wrong stride, neighbours merged in reading order, positions added before [CLS] is
+prepended, a head on the mean of the patches, a roll not undone, masks tiled in the wrong order, ...
 
 Most of these exercises only move values around, so the checkers can see *how* a wrong answer
 moved them. Properties name the error from that alone, even when two mistakes come together:
@@ -15,20 +18,30 @@ the right patches (or windows, or 2 x 2 blocks) in the wrong order; the right va
 but in the wrong order; values from different squares mixed into one token. For the mask and the
 index, the properties read its structure: a token that may not see itself, an asymmetric mask, a
 masked window that never wrapped around, indices outside the table, two offsets sharing a row.
+
+The two exercises that assemble a model (vit_forward, swin_window_attention) run on small models whose
+parameters are all random and seeded, built without any reference answer (the grader hides them): the
+ViT cuts its patches with PyTorch's unfold, and the model's own forward pass (the block's own window
+attention) raises, so an answer cannot hand the work back to it. Their wrong answers are options of one
+function (where the positions go, the patch order, the final norm, what the head reads; the rolls, the
+mask, the bias, the reverse), so a property recognises each wrong option in any combination with the
+others, and two mistakes at once are both named.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import torch
 import torch.nn.functional as F
 
-from transformer_lib.vision import (merge_patches, patchify, relative_position_index_2d, shifted_window_mask,
-                                    window_partition, window_reverse)
+from transformer_lib.vision import (SwinBlock, SwinParts, ViT, ViTConfig, merge_patches, patchify,
+                                    relative_position_index_2d, shifted_window_mask, swin_window_attention,
+                                    vit_forward, window_partition, window_reverse)
 
 from . import properties
-from .core import Case, Checker, Mistake, Property, randn, seeded
+from .core import Case, Checker, Mistake, Property, describe_difference, randn, seeded
 
 # ---------------------------------------------------------------------------------------
 # Shared: how were the values moved? (for outputs that are rearrangements of the input)
@@ -212,7 +225,216 @@ check_patchify = Checker(
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 2: window_partition(x, window) -> [B*nW, M*M, C]
+# Exercise 2: vit_forward(images, model) -> logits [B, n_classes]
+# ---------------------------------------------------------------------------------------
+
+
+def _patchify_by_unfold(images, patch):
+    """patchify's layout from PyTorch's own unfold ([B, C*p*p, N], channel first, patches in reading
+    order), so that a check's model needs no reference answer while the grader hides them."""
+    return F.unfold(images, kernel_size=patch, stride=patch).transpose(1, 2)  # [B, N, C*p*p]
+
+
+def _vit_no_shortcut(images, model):
+    raise RuntimeError("vit_forward must compute the pass from the model's parts (patch_embed, cls_token, "
+                       "pos_embed, encoder, head): calling model(images) inside it runs the model's own forward "
+                       "pass, which this check does not provide")
+
+
+def _random_parameters(module: torch.nn.Module, g: torch.Generator, scale: float = 0.5) -> None:
+    """Every parameter random (LayerNorms, biases, [CLS], positions, bias tables too), so that a
+    part used in the wrong place, or left out, changes the output."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(randn(g, *p.shape, dtype=p.dtype, scale=scale))
+
+
+def _tiny_vit(g, image_size, patch, channels, n_classes, d_model, n_heads, n_layers, dtype=torch.float32):
+    with torch.random.fork_rng(devices=[]):  # building draws from the global generator: leave the learner's alone
+        model = ViT(ViTConfig(image_size=image_size, patch_size=patch, in_channels=channels, n_classes=n_classes,
+                              d_model=d_model, n_heads=n_heads, n_layers=n_layers, d_ff=2 * d_model),
+                    patchify=_patchify_by_unfold, forward_pass=_vit_no_shortcut)
+    _random_parameters(model, g)
+    return model.to(dtype).eval()
+
+
+def _vit_forward_cases() -> list[Case]:
+    g = seeded(1207)
+    return [
+        Case("2 grey 4x4 images, 2x2 patches (a 2x2 grid), 1 layer, 3 classes",
+             (_distinct(g, 2, 1, 4, 4), _tiny_vit(g, 4, 2, 1, 3, 8, 2, 1))),
+        Case("3 RGB 6x6 images, 2x2 patches (a 3x3 grid), 2 layers, 5 classes",
+             (_distinct(g, 3, 3, 6, 6), _tiny_vit(g, 6, 2, 3, 5, 12, 3, 2))),
+        Case("one 8x8 digit-sized image, 2x2 patches, 4 heads, 10 classes",
+             (_distinct(g, 1, 1, 8, 8), _tiny_vit(g, 8, 2, 1, 10, 16, 4, 1))),
+        Case("2 images of 2 channels, 8x8 with 4x4 patches, 2 layers", (_distinct(g, 2, 2, 8, 8),
+             _tiny_vit(g, 8, 4, 2, 4, 8, 2, 2)), hidden=True),
+        Case("no head (n_classes=0): [CLS]'s final state", (_distinct(g, 2, 1, 6, 6),
+             _tiny_vit(g, 6, 2, 1, 0, 8, 2, 1)), hidden=True),
+        Case("float64 model and images, 3x3 patches of 9x9 images", (_distinct(g, 2, 1, 9, 9, dtype=torch.float64),
+             _tiny_vit(g, 9, 3, 1, 3, 8, 2, 1, dtype=torch.float64)), hidden=True),
+        Case("patch 1: every pixel a token (16 tokens + [CLS])", (_distinct(g, 2, 1, 4, 4),
+             _tiny_vit(g, 4, 1, 1, 3, 8, 2, 1)), hidden=True),
+        Case("a batch of 5, 3 layers", (_distinct(g, 5, 1, 4, 4), _tiny_vit(g, 4, 2, 1, 3, 8, 2, 3)), hidden=True),
+    ]
+
+
+# Every way vit_forward goes wrong, as options of one function: a catalogue entry is one option, and the
+# properties below recognise an option in any combination with the others (two mistakes at once).
+VIT_OPTIONS = {
+    "positions": ("right", "before_cls", "cls_without", "none"),
+    "order": ("rows", "columns"),
+    "final_norm": (True, False),
+    "pool": ("cls", "mean_patches", "mean_all"),
+}
+
+
+def _vit_variant(images, model, positions="right", order="rows", final_norm=True, pool="cls"):
+    c = model.config
+    tokens = model.patch_embed(model.patchify(images, c.patch_size))  # [B, N, D]
+    b, n, d = tokens.shape
+    if order == "columns":  # patches read down the first column of the grid, then the next
+        side = c.image_size // c.patch_size
+        tokens = tokens.reshape(b, side, side, d).transpose(1, 2).reshape(b, n, d)
+    cls = model.cls_token.expand(b, -1, -1)  # [B, 1, D]
+    pos = model.pos_embed
+    if positions == "right":
+        x = torch.cat([cls, tokens], dim=1) + pos
+    elif positions == "before_cls":  # patch k gets row k; [CLS] is prepended afterwards, with no position
+        x = torch.cat([cls, tokens + pos[:, :n]], dim=1)
+    elif positions == "cls_without":  # the patches get their rows 1..N, [CLS] none
+        x = torch.cat([cls, tokens + pos[:, 1:]], dim=1)
+    else:
+        x = torch.cat([cls, tokens], dim=1)
+    for layer in model.encoder.layers:
+        x = layer(x)
+    if final_norm:
+        x = model.encoder.norm(x)
+    features = {"cls": lambda: x[:, 0], "mean_patches": lambda: x[:, 1:].mean(dim=1),
+                "mean_all": lambda: x.mean(dim=1)}[pool]()
+    return model.head(features)
+
+
+def _vit_mistake(**option):
+    def wrong(images, model):
+        return _vit_variant(images, model, **option)
+    return wrong
+
+
+def _combinations(options: dict):
+    names = list(options)
+    return [dict(zip(names, values)) for values in itertools.product(*(options[n] for n in names))]
+
+
+# The variants' outputs for the cases being judged: the properties of one judgement share them (keyed by
+# the case object, which the entry holds, so an id is never reused while its entry lives).
+_VARIANT_OUTPUTS: dict[int, tuple[Case, dict]] = {}
+
+
+def _variant_output(case: Case, variant, combo: dict):
+    entry = _VARIANT_OUTPUTS.get(id(case))
+    if entry is None or entry[0] is not case:
+        if len(_VARIANT_OUTPUTS) > 64:
+            _VARIANT_OUTPUTS.clear()
+        entry = _VARIANT_OUTPUTS[id(case)] = (case, {})
+    key = (variant.__name__, tuple(sorted(combo.items())))
+    if key not in entry[1]:
+        with torch.no_grad():
+            entry[1][key] = variant(*case.args, **case.kwargs, **combo)
+    return entry[1][key]
+
+
+def _trait(options: dict, variant, trait: str, rtol: float, atol: float):
+    """seen(case, expected, actual): the learner's output is `variant` with `trait` wrong (the other
+    options anything), and on this case that option changes the result (setting it right gives
+    something else), so it is really there."""
+    right = options[trait][0]
+
+    def same(out, actual):
+        return out.shape == actual.shape and describe_difference(out, actual, rtol=rtol, atol=atol) is None
+
+    def seen(case, expected, actual):
+        if not isinstance(actual, torch.Tensor) or not isinstance(expected, torch.Tensor):
+            return False
+        for combo in _combinations(options):
+            if combo[trait] != right and same(_variant_output(case, variant, combo), actual):
+                if not same(_variant_output(case, variant, {**combo, trait: right}), actual):
+                    return True
+        return False
+
+    return seen
+
+
+VIT_RTOL, VIT_ATOL = 1e-4, 1e-5
+
+check_vit_forward = Checker(
+    name="vit_forward",
+    reference=vit_forward,
+    make_cases=_vit_forward_cases,
+    rtol=VIT_RTOL,
+    atol=VIT_ATOL,
+    mistakes=[
+        Mistake(
+            "the positions added to the patch tokens before [CLS] is prepended: patch k gets [CLS]'s row k of "
+            "pos_embed, and [CLS] gets none",
+            "Prepend [CLS] first ([B, 1 + N, d_model]) and then add model.pos_embed whole: row 0 is [CLS]'s "
+            "position, row k + 1 patch k's.",
+            _vit_mistake(positions="before_cls"),
+        ),
+        Mistake(
+            "[CLS] left without its position vector (the patches get rows 1..N of pos_embed, row 0 is never used)",
+            "[CLS] has a learned position too: add model.pos_embed to the whole sequence after prepending [CLS].",
+            _vit_mistake(positions="cls_without"),
+        ),
+        Mistake(
+            "no position vectors added",
+            "Add model.pos_embed ([1, 1 + N, d_model]) to the sequence after prepending [CLS]: without it the "
+            "encoder cannot tell where a patch was.",
+            _vit_mistake(positions="none"),
+        ),
+        Mistake(
+            "the head applied to the mean of the patch tokens instead of [CLS]",
+            "ViT classifies from [CLS]'s final state alone: the head reads token 0 of the encoder's output.",
+            _vit_mistake(pool="mean_patches"),
+        ),
+        Mistake(
+            "the head applied to the mean of all tokens ([CLS] included) instead of [CLS] alone",
+            "ViT classifies from [CLS]'s final state alone: the head reads token 0 of the encoder's output.",
+            _vit_mistake(pool="mean_all"),
+        ),
+        Mistake(
+            "no final LayerNorm after the last encoder layer",
+            "The layers are pre-norm, so their last residual sum is never normalised: apply model.encoder.norm "
+            "after the loop over model.encoder.layers (or call model.encoder, which does both).",
+            _vit_mistake(final_norm=False),
+        ),
+        Mistake(
+            "the patches in column order (down the first column of the grid, then the next)",
+            "Keep patchify's reading order, row by row: position vector k + 1 belongs to the patch patchify puts "
+            "at k.",
+            _vit_mistake(order="columns"),
+        ),
+    ],
+    properties=[
+        Property("position vectors added to the wrong tokens, or not at all",
+                 "Prepend [CLS] first, then add model.pos_embed to the whole [B, 1 + N, d_model] sequence.",
+                 _trait(VIT_OPTIONS, _vit_variant, "positions", VIT_RTOL, VIT_ATOL)),
+        Property("patches not in patchify's reading order",
+                 "Keep the tokens in the order patchify returns them (row by row of patches).",
+                 _trait(VIT_OPTIONS, _vit_variant, "order", VIT_RTOL, VIT_ATOL)),
+        Property("no final LayerNorm",
+                 "Apply model.encoder.norm after the last layer (model.encoder does it for you).",
+                 _trait(VIT_OPTIONS, _vit_variant, "final_norm", VIT_RTOL, VIT_ATOL)),
+        Property("a head that does not read [CLS] alone",
+                 "Apply model.head to token 0 of the final sequence, [CLS]'s state, not to an average.",
+                 _trait(VIT_OPTIONS, _vit_variant, "pool", VIT_RTOL, VIT_ATOL)),
+        properties.shape_permuted("vit_forward returns [B, n_classes]: one row of class scores per image."),
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 3: window_partition(x, window) -> [B*nW, M*M, C]
 # ---------------------------------------------------------------------------------------
 
 
@@ -313,7 +535,7 @@ check_window_partition = Checker(
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 3: window_reverse(windows, window, height, width) -> [B, H, W, C]
+# Exercise 4: window_reverse(windows, window, height, width) -> [B, H, W, C]
 # ---------------------------------------------------------------------------------------
 
 
@@ -411,7 +633,7 @@ check_window_reverse = Checker(
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 4: shifted_window_mask(height, width, window, shift) -> bool [nW, M*M, M*M]
+# Exercise 5: shifted_window_mask(height, width, window, shift) -> bool [nW, M*M, M*M]
 # ---------------------------------------------------------------------------------------
 
 
@@ -562,7 +784,7 @@ check_shifted_window_mask = Checker(
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 5: relative_position_index_2d(window) -> int64 [M*M, M*M]
+# Exercise 6: relative_position_index_2d(window) -> int64 [M*M, M*M]
 # ---------------------------------------------------------------------------------------
 
 
@@ -710,7 +932,177 @@ check_relative_position_index_2d = Checker(
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 6: merge_patches(x) -> [B, H/2, W/2, 4C]
+# Exercise 7: swin_window_attention(x, block, shift) -> [B, H, W, C]
+# ---------------------------------------------------------------------------------------
+
+
+def _swin_no_shortcut(x, block, shift):
+    raise RuntimeError("swin_window_attention must compute the attention itself (roll, windows, block.attn with "
+                       "the bias and the mask, reverse, roll back): calling block(x) inside it runs the block's own "
+                       "window attention, which this check does not provide")
+
+
+def _tiny_block(g, dim, n_heads, height, width, window, shift, dtype=torch.float32):
+    with torch.random.fork_rng(devices=[]):  # building draws from the global generator: leave the learner's alone
+        block = SwinBlock(dim, n_heads, (height, width), window, shift, mlp_ratio=2.0,
+                          parts=SwinParts(window_attention=_swin_no_shortcut))
+    _random_parameters(block, g)
+    return block.to(dtype).eval()
+
+
+def _swin_window_attention_cases() -> list[Case]:
+    g = seeded(1208)
+
+    def case(name, batch, dim, heads, h, w, m, s, hidden=False, dtype=torch.float32):
+        block = _tiny_block(g, dim, heads, h, w, m, s, dtype)
+        return Case(name, (_distinct(g, batch, h, w, dim, dtype=dtype), block, s), hidden=hidden)
+
+    return [
+        case("2 maps 4x4, window 2, shift 1, 2 heads", 2, 4, 2, 4, 4, 2, 1),
+        case("the same kind of block unshifted (shift 0): no roll, no mask", 2, 4, 2, 4, 4, 2, 0),
+        case("2 maps 4x6 (not square), window 2, shift 1", 2, 6, 2, 4, 6, 2, 1),
+        case("one 6x6 map, window 3, shift 1, 3 heads", 1, 6, 3, 6, 6, 3, 1, hidden=True),
+        case("3 maps 8x8, window 4, shift 2, 2 heads", 3, 8, 2, 8, 8, 4, 2, hidden=True),
+        case("2 maps 6x4 (not square), window 2, shift 1, 4 heads", 2, 8, 4, 6, 4, 2, 1, hidden=True),
+        case("float64, 2 maps 4x8, window 2, shift 1", 2, 4, 2, 4, 8, 2, 1, hidden=True, dtype=torch.float64),
+        case("unshifted 6x4 map (not square), window 2", 2, 4, 2, 6, 4, 2, 0, hidden=True),
+        case("a batch of 4, 4x4, window 2, shift 1, 1 head", 4, 2, 1, 4, 4, 2, 1, hidden=True),
+    ]
+
+
+# Rolls as (before the windows, after them), in units of shift (the right answer is -1, then +1).
+SWIN_ROLLS = {"right": (-1, 1), "wrong_direction": (1, -1), "not_back": (-1, 0), "same_direction": (-1, -1),
+              "none": (0, 0)}
+SWIN_OPTIONS = {
+    "roll": tuple(SWIN_ROLLS),
+    "mask": ("right", "missing", "window_major"),
+    "bias": ("right", "transposed", "reshaped", "none"),
+    "reverse": ("right", "swapped"),
+}
+
+
+def _swin_variant(x, block, shift, roll="right", mask="right", bias="right", reverse="right"):
+    b, h, w, c = x.shape
+    m = block.window
+    before, after = (k * shift for k in SWIN_ROLLS[roll])
+    x = torch.roll(x, shifts=(before, before), dims=(1, 2))
+    windows = window_partition(x, m)  # [B*nW, M*M, C]
+    table = block.bias_table[relative_position_index_2d(m)]  # [M*M, M*M, heads]
+    lookup = {"right": lambda: table.permute(2, 0, 1), "transposed": lambda: table.permute(2, 1, 0),
+              "reshaped": lambda: table.reshape(-1, m * m, m * m), "none": lambda: None}[bias]()
+    masks = None
+    if shift and mask != "missing":
+        per_window = shifted_window_mask(h, w, m, shift)  # [nW, M*M, M*M]
+        masks = per_window.repeat(b, 1, 1) if mask == "right" else per_window.repeat_interleave(b, dim=0)
+    out = block.attn(windows, windows, windows, mask=masks, bias=lookup)  # [B*nW, M*M, C]
+    x = window_reverse(out, m, w, h) if reverse == "swapped" else window_reverse(out, m, h, w)
+    return torch.roll(x, shifts=(after, after), dims=(1, 2))
+
+
+def _swin_mistake(**option):
+    def wrong(x, block, shift):
+        return _swin_variant(x, block, shift, **option)
+    return wrong
+
+
+SWIN_RTOL, SWIN_ATOL = 1e-4, 1e-5
+
+check_swin_window_attention = Checker(
+    name="swin_window_attention",
+    reference=swin_window_attention,
+    make_cases=_swin_window_attention_cases,
+    rtol=SWIN_RTOL,
+    atol=SWIN_ATOL,
+    mistakes=[
+        Mistake(
+            "the map rolled the wrong way: by +shift (down and right) before the windows, by -shift after",
+            "Roll by -shift on both axes before window_partition (up and left: the mask of shifted_window_mask "
+            "assumes that direction), and by +shift after window_reverse.",
+            _swin_mistake(roll="wrong_direction"),
+        ),
+        Mistake(
+            "the map not rolled back after window_reverse: every token ends up shift rows and columns away "
+            "from its place",
+            "After window_reverse, roll by +shift on both axes (torch.roll with shifts=(shift, shift), "
+            "dims=(1, 2)) to undo the first roll.",
+            _swin_mistake(roll="not_back"),
+        ),
+        Mistake(
+            "the map rolled back in the same direction as the first roll (by -shift twice)",
+            "The second roll undoes the first: -shift before the windows, +shift after them.",
+            _swin_mistake(roll="same_direction"),
+        ),
+        Mistake(
+            "the shifted-window mask applied to the regular windows: the map was not rolled",
+            "The mask describes the windows of the rolled map: roll by -shift before window_partition and by "
+            "+shift after window_reverse.",
+            _swin_mistake(roll="none"),
+        ),
+        Mistake(
+            "the shift ignored: no roll and no mask, so a shifted block attends inside the regular windows",
+            "For shift > 0: roll the map by -shift, attend with the shifted-window mask, and roll back by +shift.",
+            _swin_mistake(roll="none", mask="missing"),
+        ),
+        Mistake(
+            "no mask in the shifted block: the pieces that wrapped around attend to one another",
+            "When shift > 0, pass shifted_window_mask_impl(H, W, M, shift), repeated for every image of the "
+            "batch, as the mask of block.attn.",
+            _swin_mistake(mask="missing"),
+        ),
+        Mistake(
+            "the masks tiled window by window (each mask repeated B times in a row, repeat_interleave) instead of "
+            "image by image",
+            "window_partition puts the batch outermost (all windows of image 0, then of image 1, ...): repeat the "
+            "whole stack of nW masks B times, mask.repeat(B, 1, 1).",
+            _swin_mistake(mask="window_major"),
+        ),
+        Mistake(
+            "the relative position bias transposed ([heads, key, query])",
+            "bias_table[index] is [M*M (queries), M*M (keys), heads]: permute(2, 0, 1) keeps the queries on "
+            "the rows.",
+            _swin_mistake(bias="transposed"),
+        ),
+        Mistake(
+            "the bias lookup reshaped to [heads, M*M, M*M] instead of permuted: each head's scores get pieces "
+            "of every head's biases",
+            "bias_table[index] is [M*M, M*M, heads]: move the heads to the front with permute(2, 0, 1); a "
+            "reshape keeps the memory order and mixes heads and positions.",
+            _swin_mistake(bias="reshaped"),
+        ),
+        Mistake(
+            "no relative position bias",
+            "Look block.bias_table up at relative_position_index_2d_impl(M), permute it to [heads, M*M, M*M] and "
+            "pass it as block.attn's bias=.",
+            _swin_mistake(bias="none"),
+        ),
+        Mistake(
+            "height and width swapped in window_reverse",
+            "window_reverse(windows, M, H, W): the height (x.shape[1]) comes before the width (x.shape[2]).",
+            _swin_mistake(reverse="swapped"),
+        ),
+    ],
+    properties=[
+        Property("a roll that is not -shift before the windows and +shift after them",
+                 "Roll up and left by shift before window_partition, and back down and right by shift after "
+                 "window_reverse.",
+                 _trait(SWIN_OPTIONS, _swin_variant, "roll", SWIN_RTOL, SWIN_ATOL)),
+        Property("a shifted-window mask that is missing or tiled in the wrong order",
+                 "When shift > 0, mask block.attn with shifted_window_mask_impl(H, W, M, shift) repeated image by "
+                 "image, mask.repeat(B, 1, 1).",
+                 _trait(SWIN_OPTIONS, _swin_variant, "mask", SWIN_RTOL, SWIN_ATOL)),
+        Property("a relative position bias that is missing, transposed or mixed across heads",
+                 "Pass bias=block.bias_table[index].permute(2, 0, 1), [heads, M*M, M*M], to block.attn.",
+                 _trait(SWIN_OPTIONS, _swin_variant, "bias", SWIN_RTOL, SWIN_ATOL)),
+        Property("height and width swapped when the windows are put back",
+                 "window_reverse takes the height before the width: the output is [B, H, W, C] like the input.",
+                 _trait(SWIN_OPTIONS, _swin_variant, "reverse", SWIN_RTOL, SWIN_ATOL)),
+        properties.shape_permuted("swin_window_attention returns [B, H, W, C], the shape of its input."),
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 8: merge_patches(x) -> [B, H/2, W/2, 4C]
 # ---------------------------------------------------------------------------------------
 
 
@@ -810,5 +1202,6 @@ check_merge_patches = Checker(
 )
 
 
-CHECKERS = [check_patchify, check_window_partition, check_window_reverse, check_shifted_window_mask,
-            check_relative_position_index_2d, check_merge_patches]
+CHECKERS = [check_patchify, check_vit_forward, check_window_partition, check_window_reverse,
+            check_shifted_window_mask, check_relative_position_index_2d, check_swin_window_attention,
+            check_merge_patches]
