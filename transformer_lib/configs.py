@@ -149,7 +149,8 @@ def swin_t(n_classes: int = IMAGENET_CLASSES, image_size: int = 224, device=None
     Reference: 28M parameters (the paper's Table 1, with 81.3% ImageNet top-1). Built here for
     224 x 224 RGB images (56 x 56 patches, then 28, 14 and 7) and a 1,000-class head on the average
     of the last stage: 28,288,354 parameters, relative-position tables included (a [13^2, heads]
-    table per block), their index buffers not counted, as timm's and Hugging Face's Swin-T.
+    table per block), as timm's and Hugging Face's Swin-T count them (their relative-index and mask
+    buffers are not parameters; this library computes the index and the mask when a block runs).
     """
     from .vision import Swin, SwinConfig
 
