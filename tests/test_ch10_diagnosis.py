@@ -3,8 +3,10 @@ written another way.
 
 tests/test_checkers.py proves that each catalogued mistake is named when it is made alone.
 Learners often make two at once (targets not shifted *and* the loss in bits; the nucleus
-built in the wrong order *and* left sorted), and then no catalogue entry matches: a property
-must still name the error from a trait of the output."""
+built in the wrong order *and* left sorted; a post-norm block without its mask; a forward
+pass that neither offsets its positions nor normalises at the end; a sampler that ignores
+the generator and the cache), and then no catalogue entry matches: a property must still
+name the error from a trait of the output."""
 
 import math
 
@@ -12,8 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer_lib.checks import ch10
-from transformer_lib.gpt import lm_loss
+from transformer_lib.checks import ch10, describe_difference
+from transformer_lib.decoding import top_k_filter
+from transformer_lib.gpt import lm_loss, temperature_probs, top_p_filter
+from transformer_lib.masks import causal_mask
 
 
 def _verdict(checker, fn, hidden=True):
@@ -105,6 +109,98 @@ def generate_uncached_one_too_many(model, prompt, max_new_tokens):
     return tokens
 
 
+def block_post_norm_without_mask(x, block, cache=None):
+    x = block.ln_1(x + block.dropout(block.self_attn(x, x, x, None, cache=cache)))
+    return block.ln_2(x + block.dropout(block.feed_forward(x)))
+
+
+def block_without_mask_or_cache(x, block, cache=None):
+    h = block.ln_1(x)
+    x = x + block.dropout(block.self_attn(h, h, h))
+    return x + block.dropout(block.feed_forward(block.ln_2(x)))
+
+
+def block_normalised_residual_mlp_first(x, block, cache=None):
+    past = 0 if cache is None else cache.length
+    mask = causal_mask(past + x.shape[1])[past:]
+    h = block.ln_2(x)
+    x = h + block.dropout(block.feed_forward(h))
+    h = block.ln_1(x)
+    return h + block.dropout(block.self_attn(h, h, h, mask, cache=cache))
+
+
+def block_post_norm_cache_ignored(x, block, cache=None):
+    mask = causal_mask(x.shape[1])
+    x = block.ln_1(x + block.self_attn(x, x, x, mask))
+    return block.ln_2(x + block.feed_forward(x))
+
+
+def forward_no_offset_no_final_norm(tokens, model, cache=None):
+    x = model.positions(model.token_embedding(tokens))
+    for i, block in enumerate(model.blocks):
+        x = block(x, None if cache is None else cache[i])
+    return model.lm_head(x)
+
+
+def forward_scaled_without_cache(tokens, model, cache=None):
+    x = model.positions(model.token_embedding(tokens) * math.sqrt(model.config.d_model))
+    for block in model.blocks:
+        x = block(x)
+    return model.lm_head(model.ln_f(x))
+
+
+def forward_first_cache_and_no_offset(tokens, model, cache=None):
+    x = model.positions(model.token_embedding(tokens))
+    for block in model.blocks:
+        x = block(x, None if cache is None else cache[0])
+    return model.lm_head(model.ln_f(x))
+
+
+def forward_calls_a_block_function_directly(tokens, model, cache=None):
+    from transformer_lib.gpt import gpt_block  # instead of block(x, cache), which runs the model's own
+    past = 0 if cache is None else cache[0].length
+    x = model.positions(model.token_embedding(tokens), offset=past)
+    for i, block in enumerate(model.blocks):
+        x = gpt_block(x, block, None if cache is None else cache[i])
+    return model.lm_head(model.ln_f(x))
+
+
+def _sampler(choose, cached=True):
+    def run(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None):
+        cache = model.new_cache() if cached else None
+        tokens = new = prompt
+        for _ in range(max_new_tokens):
+            logits = model(new if cached else tokens, cache)[:, -1]
+            new = choose(logits, temperature, top_k, top_p, generator)
+            tokens = torch.cat([tokens, new], dim=1)
+        return tokens
+
+    run.__name__ = choose.__name__ + ("" if cached else "_without_cache")
+    return run
+
+
+def _filters(scores, top_k, top_p):
+    scores = top_k_filter(scores, top_k)
+    return scores if top_p is None else top_p_filter(scores, top_p)
+
+
+def global_rng(logits, temperature, top_k, top_p, generator):
+    return torch.multinomial(_filters(logits / temperature, top_k, top_p).softmax(-1), 1)
+
+
+def no_temperature_global_rng(logits, temperature, top_k, top_p, generator):
+    return torch.multinomial(_filters(logits, top_k, top_p).softmax(-1), 1)
+
+
+def filters_on_probabilities(logits, temperature, top_k, top_p, generator):
+    probs = temperature_probs(logits, temperature)
+    return torch.multinomial(_filters(probs, top_k, top_p).softmax(-1), 1, generator=generator)
+
+
+def argmax(logits, temperature, top_k, top_p, generator):
+    return logits.argmax(dim=-1, keepdim=True)
+
+
 COMBINED = [
     (ch10.check_next_token_loss, loss_unshifted_in_bits, ["copy each position's own token"]),
     (ch10.check_next_token_loss, loss_unshifted_summed, ["copy each position's own token"]),
@@ -122,6 +218,19 @@ COMBINED = [
      ["positions computed more than once", "does not start with the prompt"]),
     (ch10.check_greedy_generate, generate_uncached_one_too_many,
      ["positions computed more than once", "wrong length"]),
+    (ch10.check_gpt_block, block_post_norm_without_mask, ["not causal", "post-norm"]),
+    (ch10.check_gpt_block, block_without_mask_or_cache, ["not causal", "a cache that does not end up holding"]),
+    (ch10.check_gpt_block, block_normalised_residual_mlp_first, ["does not carry x through"]),
+    (ch10.check_gpt_block, block_post_norm_cache_ignored, ["post-norm", "a cache that does not end up holding"]),
+    (ch10.check_gpt_forward, forward_no_offset_no_final_norm, ["differ from your own logits without it"]),
+    (ch10.check_gpt_forward, forward_scaled_without_cache,
+     ["differ from your own logits without it", "do not hold every position"]),
+    (ch10.check_gpt_forward, forward_first_cache_and_no_offset, ["do not hold every position"]),
+    (ch10.check_gpt_forward, forward_calls_a_block_function_directly, ["never ran as the model's blocks"]),
+    (ch10.check_sample, _sampler(global_rng, cached=False), ["the generator is not used", "more than once"]),
+    (ch10.check_sample, _sampler(no_temperature_global_rng), ["the generator is not used", "outside the top-k"]),
+    (ch10.check_sample, _sampler(filters_on_probabilities, cached=False), ["outside the top-k", "more than once"]),
+    (ch10.check_sample, _sampler(argmax, cached=False), ["no draw", "more than once"]),
 ]
 
 
@@ -190,6 +299,40 @@ def generate_prompt_first(model, prompt, max_new_tokens):
     return tokens
 
 
+def block_with_its_own_mask(x, block, cache=None):
+    past = cache.length if cache is not None else 0
+    rows = torch.arange(past, past + x.shape[1])[:, None]  # the new positions
+    allowed = torch.arange(past + x.shape[1])[None, :] <= rows  # [seq, past + seq]
+    a = block.ln_1(x)
+    x = x + block.dropout(block.self_attn(a, a, a, mask=allowed, cache=cache))
+    return x + block.dropout(block.feed_forward(block.ln_2(x)))
+
+
+def forward_by_the_table(tokens, model, cache=None):
+    past = cache[0].length if cache else 0
+    positions = torch.arange(past, past + tokens.shape[1])
+    x = model.positions.dropout(model.token_embedding(tokens) + model.positions.embedding(positions))
+    for block, block_cache in zip(model.blocks, cache or [None] * len(model.blocks)):
+        x = block(x, block_cache)
+    return F.linear(model.ln_f(x), model.token_embedding.weight)  # the tied output layer, by hand
+
+
+def sample_prompt_first(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """Runs the prompt before the loop, divides the logits by T itself and draws from unnormalised
+    weights: the same distribution and the same random numbers."""
+    cache = model.new_cache()
+    logits, out = model(prompt, cache)[:, -1], [prompt]
+    for step in range(max_new_tokens):
+        scores = top_k_filter(logits / temperature, top_k)
+        if top_p is not None:
+            scores = top_p_filter(scores, top_p)
+        new = torch.multinomial((scores - scores.amax(-1, keepdim=True)).exp(), 1, generator=generator)
+        out.append(new)
+        if step < max_new_tokens - 1:
+            logits = model(new, cache)[:, -1]
+    return torch.cat(out, dim=1)
+
+
 RIGHT = [
     (ch10.check_next_token_loss, loss_by_gather),
     (ch10.check_bigram_log_probs, bigram_by_loop),
@@ -197,6 +340,9 @@ RIGHT = [
     (ch10.check_temperature_probs, temperature_by_hand),
     (ch10.check_top_p_filter, top_p_by_shifted_cumsum),
     (ch10.check_greedy_generate, generate_prompt_first),
+    (ch10.check_gpt_block, block_with_its_own_mask),
+    (ch10.check_gpt_forward, forward_by_the_table),
+    (ch10.check_sample, sample_prompt_first),
 ]
 
 
@@ -206,8 +352,64 @@ def test_right_answers_written_differently_pass(checker, answer):
     assert verdict.passed, verdict.message
 
 
-def test_chapter_has_five_exercises_each_with_three_mistakes_and_properties():
-    assert len(ch10.CHECKERS) >= 5
+@pytest.mark.parametrize("checker,answer", RIGHT, ids=[a.__name__ for _, a in RIGHT])
+def test_right_answers_written_differently_pass_the_hidden_cases_too(checker, answer):
+    verdict = _verdict(checker, answer, hidden=True)
+    assert verdict.passed, verdict.message
+
+
+def test_chapter_has_nine_exercises_each_with_three_mistakes_and_properties():
+    assert [c.name for c in ch10.CHECKERS] == ["gpt_block", "gpt_forward", "next_token_loss", "bigram_log_probs",
+                                               "bits_per_char", "greedy_generate", "temperature_probs",
+                                               "top_p_filter", "sample"]
     for checker in ch10.CHECKERS:
         assert len(checker.mistakes) >= 3, checker.name
         assert checker.properties, checker.name
+
+
+# ------------------------------------------------------------------- the model-level checks need no other reference
+
+
+HIDDEN_WHILE_GRADING = ("gpt_block", "gpt_forward", "greedy_generate", "sample", "temperature_probs", "top_p_filter")
+
+
+def _hide_references(monkeypatch):
+    """Make the chapter's references raise, as in the grader's copy of the library."""
+    import transformer_lib.gpt as gpt
+
+    for name in HIDDEN_WHILE_GRADING:
+        def hidden(*args, _name=name, **kwargs):
+            raise RuntimeError(f"{_name} is hidden")
+
+        monkeypatch.setattr(gpt, name, hidden)
+    return gpt
+
+
+@pytest.mark.parametrize("checker,answer", [(ch10.check_gpt_forward, forward_by_the_table),
+                                            (ch10.check_sample, sample_prompt_first),
+                                            (ch10.check_greedy_generate, generate_prompt_first)],
+                         ids=["gpt_forward", "sample", "greedy_generate"])
+def test_a_right_answer_runs_the_same_while_the_chapters_references_are_hidden(checker, answer, monkeypatch):
+    """While the grader runs a notebook, every reference of the chapter is a stub that raises. The
+    checks' tiny models run GPT-1's block and forward pass (wrong answers to this chapter's
+    exercises), never gpt_block or gpt_forward, so a right answer's outputs are the same there."""
+    expected = checker.collect_outputs(answer, hidden=True)
+    gpt = _hide_references(monkeypatch)
+    with pytest.raises(RuntimeError, match="hidden"):  # the stubs are in place: a default GPT cannot run
+        gpt.GPT(gpt.GPTConfig(vocab_size=5, max_len=8, d_model=8, n_heads=2, n_layers=1))(torch.zeros(1, 2).long())
+    got = checker.collect_outputs(answer, hidden=True)
+    monkeypatch.undo()
+    assert all(describe_difference(e, g) is None for e, g in zip(expected, got)), got
+
+
+def test_a_block_or_model_called_whole_is_refused_with_a_clear_message():
+    def block_whole(x, block, cache=None):
+        return block(x, cache)
+
+    def forward_whole(tokens, model, cache=None):
+        return model(tokens, cache)
+
+    for checker, answer, words in [(ch10.check_gpt_block, block_whole, "compute the block from its parts"),
+                                   (ch10.check_gpt_forward, forward_whole, "compute the logits from the model's parts")]:
+        verdict = _verdict(checker, answer)
+        assert not verdict.passed and words in verdict.message, verdict.message

@@ -82,6 +82,17 @@ def test_greedy_generate_and_generation_past_the_context(model):
     assert torch.equal(long[:, 16:24], restart[:, 8:])
     chosen = generate_long(model, prompt, 20, choose=lambda logits: logits.argmax(dim=-1))
     assert torch.equal(chosen, generate_long(model, prompt, 20, greedy=True))
+    # generate_fn continues each window instead of generate(): chapter 10 passes the learner's loops.
+    windows = []
+
+    def greedy_fn(model, window, steps):
+        windows.append((window.shape[1], steps))
+        return greedy_generate(model, window, steps)
+
+    assert torch.equal(generate_long(model, prompt, 40, generate_fn=greedy_fn), long)
+    assert windows == [(3, 13), (8, 8), (8, 8), (8, 8), (8, 3)]
+    with pytest.raises(ValueError, match="not both"):
+        generate_long(model, prompt, 5, generate_fn=greedy_fn, greedy=True)
 
 
 def test_char_tokenizer_round_trip():

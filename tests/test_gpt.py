@@ -1,4 +1,5 @@
-"""The decoder-only model: equal to Hugging Face's GPT-2, causal, and cached generation == uncached."""
+"""The decoder-only model: equal to Hugging Face's GPT-2, causal, cached generation == uncached, and
+built from two plain functions (gpt_block, gpt_forward) that a model can take from elsewhere."""
 
 import itertools
 import math
@@ -7,17 +8,22 @@ import os
 import pytest
 import torch
 
+from transformer_lib.checks import model_calls
 from transformer_lib.gpt import (
     GPT,
+    Block,
     GPTConfig,
     beam_search,
     bits_per_char,
     choose_next_token,
     generate,
+    gpt_block,
     gpt_config_from_hf,
+    gpt_forward,
     lm_loss,
     load_hf_gpt2_state_dict,
     perplexity,
+    sample,
     sequence_log_prob,
     top_p_filter,
 )
@@ -86,6 +92,55 @@ def test_tied_embeddings_and_a_clear_error_for_a_wrong_state_dict(hf_pair):
     shallower = GPT(GPTConfig(vocab_size=101, max_len=64, d_model=32, n_heads=2, n_layers=1))
     with pytest.raises(ValueError, match="more layers"):
         load_hf_gpt2_state_dict(shallower, hf.state_dict())
+
+
+# ---------------------------------------------------------------------------------------
+# One copy of each computation: the modules call gpt_block and gpt_forward
+# ---------------------------------------------------------------------------------------
+
+def test_the_modules_run_the_top_level_functions(model):
+    tokens = torch.randint(0, 101, (2, 9), generator=torch.Generator().manual_seed(11))
+    assert all(block.block_fn is gpt_block for block in model.blocks) and model.forward_fn is gpt_forward
+    assert model_calls(model, gpt_block, tokens) == SMALL.n_layers
+    assert model_calls(model, gpt_forward, tokens) == 1
+    with torch.no_grad():
+        assert torch.equal(model(tokens), gpt_forward(tokens, model))
+        x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(12))
+        assert torch.equal(model.blocks[0](x), gpt_block(x, model.blocks[0]))
+
+
+def test_a_model_built_from_other_functions_runs_them(model):
+    calls = []
+
+    def block_fn(x, block, cache=None):
+        calls.append("block")
+        return gpt_block(x, block, cache)
+
+    def forward_fn(tokens, model, cache=None):
+        calls.append("forward")
+        return gpt_forward(tokens, model, cache)
+
+    torch.manual_seed(0)
+    theirs = GPT(SMALL, block_fn=block_fn, forward_fn=forward_fn).eval()
+    tokens = torch.tensor([[5, 17, 42, 7]])
+    with torch.no_grad():
+        assert torch.equal(theirs(tokens), model(tokens))  # same seed, same weights, same computation
+    assert calls == ["forward", "block", "block"]
+    assert model_calls(theirs, block_fn, tokens) == 2 and model_calls(theirs, gpt_block, tokens) == 0
+    assert torch.equal(generate(theirs, tokens, 5, greedy=True), generate(model, tokens, 5, greedy=True))
+
+
+def test_gpt2_names_and_a_clear_error_for_a_wrong_cache(model):
+    block = model.blocks[0]
+    assert isinstance(block, Block) and {"ln_1", "ln_2", "self_attn", "feed_forward", "dropout"} <= set(
+        dict(block.named_children()))
+    assert "blocks.0.ln_1.gamma" in model.state_dict()
+    with pytest.raises(ValueError, match="one KVCache per block"):
+        model(torch.tensor([[1, 2]]), model.new_cache()[:1])
+    cache = model.new_cache()
+    model(torch.zeros(1, 60, dtype=torch.long), cache)
+    with pytest.raises(ValueError, match=r"starting at position 60\) is longer than the positional table"):
+        model(torch.zeros(1, 5, dtype=torch.long), cache)
 
 
 # ---------------------------------------------------------------------------------------
@@ -216,6 +271,16 @@ def test_cached_generation_equals_uncached(model, settings):
             for use in (True, False)]
     assert runs[0].shape == (2, 23) and torch.equal(runs[0][:, :3], PROMPT)
     assert torch.equal(runs[0], runs[1])
+
+
+def test_sample_is_generate_with_its_settings_and_reproducible(model):
+    settings = dict(temperature=0.7, top_k=20, top_p=0.8)
+    drawn = sample(model, PROMPT, 15, generator=torch.Generator().manual_seed(3), **settings)
+    again = sample(model, PROMPT, 15, generator=torch.Generator().manual_seed(3), **settings)
+    assert drawn.shape == (2, 18) and torch.equal(drawn, again)
+    assert torch.equal(drawn, generate(model, PROMPT, 15, generator=torch.Generator().manual_seed(3), **settings))
+    assert torch.equal(drawn, generate(model, PROMPT, 15, generator=torch.Generator().manual_seed(3),
+                                       use_cache=False, **settings))
 
 
 def test_eos_ends_a_row_and_pads_it(model):

@@ -11,8 +11,12 @@ positions <= t, so its output may predict x_{t+1}. The model is a stack of pre-n
 (masked self-attention, then a GELU MLP of width 4 * d_model, each inside a residual
 connection), learned absolute positions, a final LayerNorm, and an output layer that shares
 its matrix with the token embedding (Press & Wolf, 2017). Every part comes from the library:
-attention.MultiHeadAttention, layers.ResidualConnection / PositionwiseFeedForward / LayerNorm,
+attention.MultiHeadAttention, layers.PositionwiseFeedForward / LayerNorm,
 positional.LearnedPositionalEmbedding, masks.causal_mask.
+
+The two computations are plain functions, gpt_block and gpt_forward (chapter 10's exercises);
+Block and GPT keep the function they run as an attribute (block_fn, forward_fn), so a model
+can be built from a learner's versions: GPT(config, block_fn=..., forward_fn=...).
 
 Generation (greedy, temperature, top-k, top-p, beam search) runs with a key/value cache: each
 step feeds only the newest token; the keys and values of the earlier ones are kept.
@@ -31,7 +35,7 @@ import torch.nn.functional as F
 from . import decoding
 from .attention import KVCache, MultiHeadAttention
 from .decoding import sample_next_token, top_k_filter
-from .layers import LayerNorm, PositionwiseFeedForward, ResidualConnection
+from .layers import LayerNorm, PositionwiseFeedForward
 from .masks import causal_mask
 from .positional import LearnedPositionalEmbedding
 
@@ -60,39 +64,68 @@ class GPTConfig:
         return 4 * self.d_model  # the MLP's hidden width, as in GPT-2 and the original Transformer
 
 
-class Block(nn.Module):
-    """One pre-norm decoder block, GPT-2's layout:
+def gpt_block(x: torch.Tensor, block: Block, cache: KVCache | None = None) -> torch.Tensor:
+    """One pre-norm decoder block, GPT-2's layout (Radford et al., 2019, section 2.3):
 
         x = x + Attn(LN1(x))    masked self-attention: positions exchange information
         x = x + MLP(LN2(x))     then each position is transformed on its own
 
-    The residual stream is never normalised inside the block, so gradients reach early
-    layers through an identity path; GPT's final LayerNorm normalises it once at the end.
+    x: [batch, seq, d_model]; block: a Block (its ln_1, self_attn, ln_2, feed_forward, dropout);
+    cache: None, or the block's KVCache holding the keys and values of the positions before x.
+    The new positions sit at past .. past + seq - 1, past = cache.length; each may attend to every
+    cached position and to the new ones up to itself. Returns [batch, seq, d_model].
+
+    The residual stream is never normalised inside the block, so gradients reach early layers
+    through an identity path; the model's final LayerNorm normalises it once, at the end.
+    """
+    past = 0 if cache is None else cache.length  # read before the attention appends to the cache
+    seq = x.shape[1]
+    mask = causal_mask(past + seq, device=x.device)[past:]  # [seq, past + seq]: the new rows only
+    h = block.ln_1(x)
+    x = x + block.dropout(block.self_attn(h, h, h, mask, cache=cache))  # [batch, seq, d_model]
+    return x + block.dropout(block.feed_forward(block.ln_2(x)))  # [batch, seq, d_model]
+
+
+def gpt_forward(tokens: torch.Tensor, model: GPT, cache: list[KVCache] | None = None) -> torch.Tensor:
+    """Token ids [batch, seq] -> next-token logits [batch, seq, vocab], GPT-2's forward pass.
+
+    Token embeddings plus learned position vectors, then every block in turn, the final
+    LayerNorm, and the output layer, whose matrix is the token embedding (tied). With a cache
+    (model.new_cache(), one KVCache per block), `tokens` are the tokens it has not seen: they sit
+    at the positions after the cached ones, and each block appends their keys and values to its
+    own cache.
+    """
+    past = 0 if cache is None else cache[0].length  # positions the cache already holds
+    x = model.positions(model.token_embedding(tokens), offset=past)  # [batch, seq, d_model]
+    for i, block in enumerate(model.blocks):
+        x = block(x, None if cache is None else cache[i])  # [batch, seq, d_model]
+    return model.lm_head(model.ln_f(x))  # [batch, seq, vocab]
+
+
+class Block(nn.Module):
+    """One pre-norm decoder block: the parts, with GPT-2's names, and the function that wires
+    them (gpt_block, or block_fn(x, block, cache) when one is given).
+
+    ln_1, ln_2: the LayerNorms in front of the attention and of the MLP; self_attn: multi-head
+    self-attention; feed_forward: the MLP d_model -> 4 d_model -> d_model with GPT-2's tanh GELU;
+    dropout: applied to each sub-block's output before it is added to the residual stream.
     """
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, block_fn=None):
         super().__init__()
         c = config
+        # The order of creation decides which random numbers each part's weights get (attention,
+        # then MLP; the LayerNorms draw none): keep it, and a seeded model keeps its weights.
         self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.dropout)
         self.feed_forward = PositionwiseFeedForward(c.d_model, c.d_ff, c.dropout, activation="gelu")
         self.feed_forward.activation = gelu_tanh
-        self.residual1 = ResidualConnection(c.d_model, c.dropout, norm_first=True)
-        self.residual2 = ResidualConnection(c.d_model, c.dropout, norm_first=True)
-        for residual in (self.residual1, self.residual2):
-            residual.norm.eps = c.layer_norm_eps
+        self.ln_1 = LayerNorm(c.d_model, c.layer_norm_eps)
+        self.ln_2 = LayerNorm(c.d_model, c.layer_norm_eps)
+        self.dropout = nn.Dropout(c.dropout)
+        self.block_fn = gpt_block if block_fn is None else block_fn
 
-    @property
-    def ln_1(self) -> LayerNorm:  # GPT-2's names for the two LayerNorms
-        return self.residual1.norm
-
-    @property
-    def ln_2(self) -> LayerNorm:
-        return self.residual2.norm
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: KVCache | None = None,
-                need_weights: bool = False) -> torch.Tensor:
-        x = self.residual1(x, lambda y: self.self_attn(y, y, y, mask, need_weights=need_weights, cache=cache))
-        return self.residual2(x, self.feed_forward)  # [batch, seq, d_model]
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        return self.block_fn(x, self, cache)  # [batch, seq, d_model]
 
 
 class GPT(nn.Module):
@@ -101,21 +134,27 @@ class GPT(nn.Module):
     logits[:, t] scores the token that follows tokens[:, :t + 1]. With a cache (new_cache()),
     `tokens` holds only the tokens the cache has not seen: their positions continue after the
     cached ones, and their keys and values are appended to it.
+
+    forward_fn(tokens, model, cache) computes the logits (default gpt_forward) and block_fn(x,
+    block, cache) each block (default gpt_block): chapter 10 builds its models from the
+    learner's functions this way. To read attention weights, make the blocks' self_attn run
+    with need_weights=True (a forward pre-hook, as chapter 07 does): they land in last_weights.
     """
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, block_fn=None, forward_fn=None):
         super().__init__()
         c = self.config = config
         self.token_embedding = nn.Embedding(c.vocab_size, c.d_model)
         # Adds position vectors, then embedding dropout. GPT-2 does not scale the token
         # embeddings by sqrt(d_model): both tables start at the same small size (std 0.02).
         self.positions = LearnedPositionalEmbedding(c.d_model, c.max_len, c.dropout)
-        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.blocks = nn.ModuleList(Block(c, block_fn) for _ in range(c.n_layers))
         self.ln_f = LayerNorm(c.d_model, c.layer_norm_eps)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         # Weight tying: the output layer scores token v by the dot product of the final state with
         # v's own embedding. One matrix instead of two (38.6M parameters fewer in GPT-2 small).
         self.lm_head.weight = self.token_embedding.weight
+        self.forward_fn = gpt_forward if forward_fn is None else forward_fn
         self.apply(self._init_weights)
         # GPT-2 scales the weights of the layers that write into the residual stream by
         # 1/sqrt(2 * n_layers): 2 * n_layers of them add up, and the sum should not grow with depth.
@@ -136,7 +175,7 @@ class GPT(nn.Module):
         """An empty key/value cache: one KVCache per block."""
         return [KVCache() for _ in self.blocks]
 
-    def _check_tokens(self, tokens: torch.Tensor) -> None:
+    def _check_inputs(self, tokens: torch.Tensor, cache: list[KVCache] | None) -> None:
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
             shape = list(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
             raise ValueError(f"GPT expects token ids of shape [batch, seq], got {shape}")
@@ -148,26 +187,19 @@ class GPT(nn.Module):
         if tokens.device.type != "meta" and (tokens.min() < 0 or tokens.max() >= vocab):
             raise ValueError(f"token ids must lie in [0, {vocab}), got min {tokens.min().item()}, "
                              f"max {tokens.max().item()}")
+        if cache is not None and (not isinstance(cache, (list, tuple)) or len(cache) != len(self.blocks)):
+            raise ValueError(f"the cache must be model.new_cache(): a list of one KVCache per block "
+                             f"({len(self.blocks)}), got {type(cache).__name__}")
+        past = 0 if cache is None else cache[0].length
+        if past + tokens.shape[1] > self.config.max_len:
+            raise ValueError(f"sequence of length {tokens.shape[1]} (starting at position {past}) is longer than "
+                             f"the positional table (max_len={self.config.max_len}); build the model with a "
+                             f"larger max_len")
 
-    def hidden_states(self, tokens: torch.Tensor, cache: list[KVCache] | None = None,
-                      need_weights: bool = False) -> torch.Tensor:
-        """The final, normalised states [batch, seq, d_model], before the output layer."""
-        self._check_tokens(tokens)
-        past = cache[0].length if cache is not None else 0  # tokens the cache already holds
-        seq = tokens.shape[1]
-        x = self.positions(self.token_embedding(tokens), offset=past)  # [batch, seq, d_model]
-        # The new tokens sit at positions past .. past + seq - 1; each may see every cached key
-        # and the new keys up to itself: rows past .. past + seq - 1 of the full causal mask.
-        mask = causal_mask(past + seq, device=tokens.device)[past:]  # [seq, past + seq]
-        for i, block in enumerate(self.blocks):
-            x = block(x, mask, cache[i] if cache is not None else None, need_weights)  # [batch, seq, d_model]
-        return self.ln_f(x)
-
-    def forward(self, tokens: torch.Tensor, cache: list[KVCache] | None = None,
-                need_weights: bool = False) -> torch.Tensor:
-        """Logits [batch, seq, vocab]. need_weights=True keeps each block's attention weights in
-        block.self_attn.last_weights [batch, heads, seq, past + seq] (the readable path)."""
-        return self.lm_head(self.hidden_states(tokens, cache, need_weights))  # [batch, seq, vocab]
+    def forward(self, tokens: torch.Tensor, cache: list[KVCache] | None = None) -> torch.Tensor:
+        """Logits [batch, seq, vocab], computed by forward_fn (gpt_forward unless given)."""
+        self._check_inputs(tokens, cache)
+        return self.forward_fn(tokens, self, cache)  # [batch, seq, vocab]
 
 
 # ---------------------------------------------------------------------------------------
@@ -496,24 +528,30 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, *, greedy: b
 
 @torch.no_grad()
 def generate_long(model: GPT, prompt: torch.Tensor, max_new_tokens: int, keep: int | None = None,
-                  **settings) -> torch.Tensor:
+                  generate_fn=None, **settings) -> torch.Tensor:
     """generate() past the model's context of max_len positions, as nanoGPT samples.
 
     Generates with the cache until the window is full, then starts a new window from the last
     `keep` tokens (default: half the context) with a fresh cache, and so on: every prediction
-    sees between keep and max_len tokens, at positions 0, 1, ... as in training. `settings`
-    are generate()'s keywords (greedy, temperature, top_k, top_p, generator, choose).
+    sees between keep and max_len tokens, at positions 0, 1, ... as in training. Each window is
+    continued by generate_fn(model, window, steps) -> [batch, window + steps] when given (chapter
+    10 passes the learner's greedy_generate or sample), else by generate() with `settings`
+    (greedy, temperature, top_k, top_p, generator, choose).
     """
     context = model.config.max_len
     keep = context // 2 if keep is None else keep
     if not 1 <= keep < context:
         raise ValueError(f"keep must lie in [1, max_len={context}), got {keep}")
+    if generate_fn is not None and settings:
+        raise ValueError(f"give generate_fn or generate()'s settings, not both: got {sorted(settings)}")
+    if generate_fn is None:
+        generate_fn = partial(generate, **settings)
     tokens, remaining = prompt[:, -context:], max_new_tokens
     out = prompt
     while remaining > 0:
         window = tokens[:, -keep:] if tokens.shape[1] >= context else tokens  # [batch, <= keep or prompt]
         steps = min(remaining, context - window.shape[1])
-        tokens = generate(model, window, steps, **settings)  # [batch, window + steps]
+        tokens = generate_fn(model, window, steps)  # [batch, window + steps]
         out = torch.cat([out, tokens[:, window.shape[1]:]], dim=1)
         remaining -= steps
     return out
@@ -529,11 +567,27 @@ def greedy_generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int) -> to
     return generate(model, prompt, max_new_tokens, greedy=True)
 
 
+@torch.no_grad()
+def sample(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+           top_k: int | None = None, top_p: float | None = None,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """Sampling with the key/value cache: prompt [batch, seq] -> [batch, seq + max_new_tokens].
+
+    Each step takes the last position's logits, divides them by the temperature, keeps the
+    top_k most probable tokens (None: all), then the nucleus of mass top_p (None: all), and
+    draws one token per row from what is left with torch.multinomial and `generator`. The
+    prompt runs through the model once; every later step feeds only the newest token.
+    """
+    return generate(model, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                    generator=generator)
+
+
 class _PromptedLM:
     """A GPT seen through decoding's encoder-decoder interface, so that decoding.beam_search
     (one copy of beam search for the whole course) runs on it. The prompt plays the source:
     "encoding" keeps it; decoding's start token is a placeholder standing for the prompt's last
-    position, whose output predicts the first new token."""
+    position, whose output predicts the first new token. What decode returns as the decoder's
+    states are the model's logits already (its forward_fn ran), so generator is a log-softmax."""
 
     def __init__(self, model: GPT):
         self.model = model
@@ -544,19 +598,19 @@ class _PromptedLM:
     def new_cache(self):
         return self.model.new_cache()
 
-    def generator(self, hidden):
-        return torch.log_softmax(self.model.lm_head(hidden).float(), dim=-1)  # [batch, vocab]
+    def generator(self, logits):
+        return torch.log_softmax(logits.float(), dim=-1)  # [batch, vocab]
 
     def decode(self, prompt, src_mask, tgt, tgt_mask=None, cache=None):
         # Beams that beam search has given up on may carry a placeholder id (-1); their outputs
         # are never read, but the embedding needs a valid id.
         tgt = tgt.clamp(min=0)
         if cache is None:  # the whole sequence: prompt, then the new tokens after the placeholder
-            hidden = self.model.hidden_states(torch.cat([prompt, tgt[:, 1:]], dim=1))
-            return hidden[:, prompt.shape[1] - 1:]  # [batch, tgt_len, d_model]
+            logits = self.model(torch.cat([prompt, tgt[:, 1:]], dim=1))
+            return logits[:, prompt.shape[1] - 1:]  # [batch, tgt_len, vocab]
         if cache[0].length == 0:  # first step: the placeholder means "run the prompt"
-            return self.model.hidden_states(prompt, cache)[:, -1:]  # [batch, 1, d_model]
-        return self.model.hidden_states(tgt, cache)  # [batch, tgt_len, d_model]
+            return self.model(prompt, cache)[:, -1:]  # [batch, 1, vocab]
+        return self.model(tgt, cache)  # [batch, tgt_len, vocab]
 
 
 def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beam_size: int = 4,
@@ -633,8 +687,8 @@ def load_hf_gpt2_state_dict(model: GPT, hf_state_dict: dict) -> GPT:
                                       ("mlp.c_proj", "feed_forward.linear2")):
             ours[f"{b}.{our_name}.weight"], ours[f"{b}.{our_name}.bias"] = linear(f"{h}.{theirs_name}")
         for n in (1, 2):
-            ours[f"{b}.residual{n}.norm.gamma"] = sd[f"{h}.ln_{n}.weight"]
-            ours[f"{b}.residual{n}.norm.beta"] = sd[f"{h}.ln_{n}.bias"]
+            ours[f"{b}.ln_{n}.gamma"] = sd[f"{h}.ln_{n}.weight"]
+            ours[f"{b}.ln_{n}.beta"] = sd[f"{h}.ln_{n}.bias"]
     if "lm_head.weight" in sd and not torch.equal(sd["lm_head.weight"], sd["wte.weight"]):
         raise ValueError("the state dict's output layer differs from its token embedding; the course's GPT ties them")
     if f"h.{model.config.n_layers}.ln_1.weight" in sd:
@@ -655,6 +709,8 @@ def gpt_config_from_hf(hf_config) -> GPTConfig:
 __all__ = [
     "GPTConfig", "Block", "GPT", "IGNORE_INDEX", "gelu_tanh", "lm_loss", "next_token_loss", "perplexity",
     "bits_per_char", "random_windows", "evaluate_lm", "warmup_cosine", "train_lm",
-    "CharTokenizer", "unigram_log_probs", "bigram_log_probs", "temperature_probs", "top_p_filter", "choose_next_token", "generate", "generate_long", "greedy_generate", "beam_search", "sequence_log_prob",
+    "CharTokenizer", "unigram_log_probs", "bigram_log_probs", "temperature_probs", "top_p_filter",
+    "choose_next_token", "generate", "generate_long", "greedy_generate", "sample", "beam_search",
+    "sequence_log_prob", "gpt_block", "gpt_forward",
     "load_hf_gpt2_state_dict", "gpt_config_from_hf",
 ]

@@ -24,21 +24,26 @@
 #
 # 1. **The chain rule**: "It takes great courage" as a product of next-token probabilities; the decoder-only
 #    model in one picture.
-# 2. **Every position is a training example**: windows of text, the causal mask, targets shifted by one.
-#    *Exercise 1: `next_token_loss`.*
-# 3. **Baselines**: what a loss of 2 nats per character means. Unigram and bigram models, bits, perplexity.
-#    *Exercises 2 and 3: `bigram_log_probs`, `bits_per_char`.*
-# 4. **A character-level GPT**, trained here on Python's own help text, against those baselines.
-# 5. **The chain rule, measured**: the trained model scores a sentence and its scrambled words.
-# 6. **The same model on BPE tokens**, compared per character (per-token numbers are not comparable).
-# 7. **Generation**: greedy with the key/value cache, temperature, top-k, top-p (nucleus) sampling and beam
-#    search, with samples. *Exercises 4, 5 and 6: `greedy_generate`, `temperature_probs`, `top_p_filter`.*
-# 8. **Scale**: GPT-2 small counted, GPT-3's 175 billion parameters recomputed from its shape.
-# 9. **Few-shot prompting**: GPT-3's in-context learning, and the little of it a model this small shows, measured
+# 2. **The model, written by you**: GPT-2's pre-norm block and its forward pass, with the key/value cache. From
+#    here on, every GPT in the chapter runs your two functions (once they pass their checks).
+#    *Exercises 1 and 2: `gpt_block`, `gpt_forward`.*
+# 3. **Every position is a training example**: windows of text, the causal mask, targets shifted by one.
+#    *Exercise 3: `next_token_loss`.*
+# 4. **Baselines**: what a loss of 2 nats per character means. Unigram and bigram models, bits, perplexity.
+#    *Exercises 4 and 5: `bigram_log_probs`, `bits_per_char`.*
+# 5. **A character-level GPT**, your model, trained here on Python's own help text, against those baselines.
+# 6. **The chain rule, measured**: the trained model scores a sentence and its scrambled words.
+# 7. **The same model on BPE tokens**, compared per character (per-token numbers are not comparable).
+# 8. **Generation**: greedy with the key/value cache, temperature, top-k, top-p (nucleus) sampling and beam
+#    search, with samples written by your sampling loop. *Exercises 6 to 9: `greedy_generate`,
+#    `temperature_probs`, `top_p_filter`, `sample`.*
+# 9. **Scale**: GPT-2 small counted, GPT-3's 175 billion parameters recomputed from its shape.
+# 10. **Few-shot prompting**: GPT-3's in-context learning, and the little of it a model this small shows, measured
 #    (it finishes words from their first letters; it does not copy).
-# 10. **Three families**: encoder-decoder, encoder-only, decoder-only.
+# 11. **Three families**: encoder-decoder, encoder-only, decoder-only.
 #
-# The whole notebook runs on one CPU thread in under a minute, both trainings included.
+# The nine exercises take about 140 minutes in all. The whole notebook runs on one CPU thread in under a minute,
+# both trainings included.
 
 # %%
 import math
@@ -49,12 +54,16 @@ import matplotlib.pyplot as plt
 import torch
 
 from transformer_lib import configs
-from transformer_lib.checks import exercise_summary, yours_or_reference
+from transformer_lib.attention import KVCache
+from transformer_lib.checks import exercise_summary, model_calls, yours_or_reference
 from transformer_lib.checks.ch10 import (
     check_bigram_log_probs,
     check_bits_per_char,
+    check_gpt_block,
+    check_gpt_forward,
     check_greedy_generate,
     check_next_token_loss,
+    check_sample,
     check_temperature_probs,
     check_top_p_filter,
 )
@@ -62,8 +71,9 @@ from transformer_lib.claims import claim
 from transformer_lib.corpus import char_splits
 from transformer_lib.decoding import top_k_filter
 from transformer_lib.diagrams.ch10 import draw_decoder_only, draw_three_families
-from transformer_lib.gpt import (GPT, CharTokenizer, GPTConfig, beam_search, evaluate_lm, generate, generate_long,
-                                 train_lm, unigram_log_probs)
+from transformer_lib.gpt import (GPT, Block, CharTokenizer, GPTConfig, beam_search, evaluate_lm, generate,
+                                 generate_long, train_lm, unigram_log_probs)
+from transformer_lib.masks import causal_mask
 from transformer_lib.tokenization import train_byte_level_bpe
 
 torch.manual_seed(0)
@@ -131,7 +141,194 @@ fig = draw_decoder_only(words)
 plt.show()
 
 # %% [markdown]
-# ## 2. Every position is a training example
+# ## 2. The model, written by you
+#
+# The library's `GPT` holds GPT-2's parts, under GPT-2's names. How the parts are wired is two plain functions,
+# and you write both: one block, then the whole forward pass. Once they pass their checks, every GPT this chapter
+# builds, trains and samples from runs your two functions (a model keeps the functions it runs as attributes,
+# `GPT(config, block_fn=..., forward_fn=...)`, and the chapter checks that it calls yours).
+#
+# Here are the parts of one block, printed from a small one, 32 features wide with 2 heads:
+
+# %%
+small = GPTConfig(vocab_size=20, max_len=16, d_model=32, n_heads=2, n_layers=2, dropout=0.0)
+print(Block(small))
+
+# %% [markdown]
+# `self_attn` is chapter 03's multi-head attention: it takes a query, a key and a value, each
+# `[batch, seq, d_model]`, then a boolean mask (True = may attend, as everywhere in the course) that broadcasts to
+# `[seq_q, seq_k]`, and the keyword `cache`. `feed_forward` is the MLP, 32 → 128 → 32 features with GPT-2's GELU,
+# applied to every position on its own (chapter 05). `ln_1` and `ln_2` are LayerNorms over the features.
+# `dropout` is applied by GPT-2 to each sub-block's output before it is added to the residual stream; it is the
+# identity in this chapter, where every dropout rate is 0.
+#
+# The **key/value cache** is chapter 07's: when text is generated one token at a time, each block keeps the keys
+# and values of the positions it has already seen in a `KVCache`, so that a new token's query can attend to them
+# without recomputing them. `cache.length` says how many positions it holds. Given `cache=cache`, the attention
+# appends the new positions' keys and values to it first, then attends over all of them.
+#
+# ### Exercise 1 — `gpt_block`
+# > **Difficulty** ●●● · **Importance** ●●● · about 30 minutes
+#
+# Write `gpt_block(x, block, cache=None)`, one GPT-2 block (Radford et al., 2019, section 2.3): pre-norm,
+#
+# $$x \leftarrow x + \operatorname{Attn}(\operatorname{LN}_1(x)), \qquad x \leftarrow x + \operatorname{MLP}(\operatorname{LN}_2(x)),$$
+#
+# with each sub-block's output passed through `block.dropout` before it is added.
+#
+# * `x`: `[batch, seq, d_model]`, the residual stream; returns the same shape. `block`: a `Block`.
+# * **Causal**: a position attends to itself and to the positions before it, never to later ones.
+#   `causal_mask(size)` (chapter 06, imported above) is the `[size, size]` boolean lower triangle.
+# * `cache`: `None`, or the block's `KVCache`, which may already hold `past` earlier positions. The positions of
+#   `x` are then `past`, ..., `past + seq - 1`, and each of them may attend to all the cached positions and to the
+#   new ones up to itself: the mask is `[seq, past + seq]`.
+# * Compute the block from its parts. Do not call `block(x)`: that runs the function the block was built with,
+#   and the checker's blocks refuse.
+#
+# Worked example: with 2 cached positions and 3 new ones (positions 2, 3 and 4), the mask has 3 rows, one per new
+# position, and 5 columns, one per key:
+#
+# ```
+# position 2:  T T T . .
+# position 3:  T T T T .
+# position 4:  T T T T T
+# ```
+#
+# The checker runs your block with and without a cache, and once with `block.dropout` replaced by a fixed halving,
+# to see where you apply it. It also changes the last position of an input and checks that no earlier output
+# moves.
+#
+# <details><summary>Hint 1 — the idea</summary>Two residual steps. Each sub-block reads a normalised copy of x
+# and adds its result to x itself, so the residual stream is never normalised inside the block: that is what
+# "pre-norm" means. The cache changes one thing only, the mask: the new positions are the last rows of a larger
+# causal mask.</details>
+# <details><summary>Hint 2 — the plan</summary>First read past from the cache (0 without one): the attention
+# will append to the cache, so read it before. The mask: the causal mask of size past + seq, its last seq rows,
+# <code>[seq, past + seq]</code>. Normalise x with ln_1 and use the result as query, key and value of the
+# attention, with the mask and the cache; drop out what comes back and add it to x. Then normalise the new x with
+# ln_2, run the MLP, drop out, add.</details>
+# <details><summary>Hint 3 — one key expression</summary>The mask's rows for the new positions:
+# <code>causal_mask(past + seq)[past:]</code></details>
+
+# %% nbgrader={"grade": false, "grade_id": "gpt_block", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def gpt_block(x: torch.Tensor, block: Block, cache: KVCache | None = None) -> torch.Tensor:
+    """GPT-2's pre-norm block, causal, with an optional key/value cache: [batch, seq, d_model] -> same."""
+    ### BEGIN SOLUTION
+    past = 0 if cache is None else cache.length  # read it before the attention appends to the cache
+    seq = x.shape[1]
+    mask = causal_mask(past + seq, device=x.device)[past:]  # [seq, past + seq]: the rows of the new positions
+    h = block.ln_1(x)
+    x = x + block.dropout(block.self_attn(h, h, h, mask, cache=cache))  # [batch, seq, d_model]
+    return x + block.dropout(block.feed_forward(block.ln_2(x)))
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "gpt_block_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_gpt_block(gpt_block)
+### BEGIN HIDDEN TESTS
+check_gpt_block(gpt_block, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+gpt_block_impl = yours_or_reference(gpt_block, check_gpt_block)
+
+# %% [markdown]
+# The whole model's parts, from the same small configuration (20 tokens, 16 positions, 2 blocks):
+
+# %%
+for name, child in GPT(small).named_children():
+    print(f"model.{name:<16}", child if name != "blocks" else f"{len(child)} blocks like the one above")
+
+# %% [markdown]
+# `model.positions` is a learned table of one vector per position, `model.positions.embedding` (chapter 04). Called
+# with token vectors `[batch, seq, d_model]` and an `offset`, it returns them **plus** the vectors of positions
+# `offset`, ..., `offset + seq - 1` (then its dropout). `model.lm_head` is the output layer, and its weight **is**
+# `model.token_embedding.weight`, the same tensor (weight tying): token $v$'s logit is the dot product of the
+# final state with $v$'s own embedding.
+#
+# ### Exercise 2 — `gpt_forward`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
+#
+# Write `gpt_forward(tokens, model, cache=None)`: token ids `[batch, seq]` → logits `[batch, seq, vocab]`. GPT-2's
+# forward pass is: token vectors plus position vectors, every block in turn, a final LayerNorm, the output layer.
+#
+# * GPT-2 adds its token and position vectors as they are: no $\sqrt{d_\text{model}}$ scale (chapter 07's
+#   Transformer had one; GPT-2's two tables start at the same small size instead).
+# * The final LayerNorm, `model.ln_f`, is the one LayerNorm the residual stream ever passes through: the blocks
+#   normalise only their sub-blocks' inputs.
+# * `cache`: `None`, or `model.new_cache()`, a list of one `KVCache` per block; block $i$ keeps its keys and values
+#   in entry $i$. With a cache, `tokens` are the tokens it has not seen yet, so their positions start after the
+#   positions it holds, not at 0.
+# * Run each block as a module, `block(x, its cache)`: that runs the block function the model was built with,
+#   yours in this chapter's GPT. The checker's tiny models run a block of their own (GPT-1's post-norm block), so
+#   that this check judges your forward pass alone. It runs your function on whole windows, then chunk by chunk
+#   with a cache, and compares.
+#
+# <details><summary>Hint 1 — the idea</summary>A pipeline with one piece of state. Embed, run the stack,
+# normalise, read out with the token table. The cache only says where the new tokens sit and where each block
+# keeps its keys and values.</details>
+# <details><summary>Hint 2 — the plan</summary>past: the number of positions the first block's cache holds, 0
+# without a cache. Token vectors <code>[batch, seq, d_model]</code>, with the position vectors of positions past
+# onwards added (model.positions does that, given the offset). Each block in turn, block i with cache entry i (or
+# none). Then model.ln_f and model.lm_head: <code>[batch, seq, vocab]</code>.</details>
+# <details><summary>Hint 3 — one key expression</summary><code>0 if cache is None else cache[0].length</code></details>
+
+# %% nbgrader={"grade": false, "grade_id": "gpt_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def gpt_forward(tokens: torch.Tensor, model: GPT, cache: list[KVCache] | None = None) -> torch.Tensor:
+    """GPT-2's forward pass: token ids [batch, seq] -> next-token logits [batch, seq, vocab]."""
+    ### BEGIN SOLUTION
+    past = 0 if cache is None else cache[0].length  # positions the cache already holds
+    x = model.positions(model.token_embedding(tokens), offset=past)  # [batch, seq, d_model]
+    for i, block in enumerate(model.blocks):
+        x = block(x, None if cache is None else cache[i])  # [batch, seq, d_model]
+    return model.lm_head(model.ln_f(x))  # [batch, seq, vocab]: the output layer is the token table
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "gpt_forward_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_gpt_forward(gpt_forward)
+### BEGIN HIDDEN TESTS
+check_gpt_forward(gpt_forward, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+gpt_forward_impl = yours_or_reference(gpt_forward, check_gpt_forward)
+
+# %% [markdown]
+# From here on, every GPT the chapter builds goes through `new_gpt`, which hands it the two functions above: yours
+# where they passed, the library's reference where they did not (the lines after the checks said which).
+
+# %%
+def new_gpt(config: GPTConfig) -> GPT:
+    """A GPT whose blocks run gpt_block_impl and whose forward pass is gpt_forward_impl."""
+    return GPT(config, block_fn=gpt_block_impl, forward_fn=gpt_forward_impl)
+
+
+def whose(impl, yours) -> str:
+    return "your" if impl is yours else "the library's"
+
+
+print(f"every GPT from here on runs {whose(gpt_block_impl, gpt_block)} gpt_block and "
+      f"{whose(gpt_forward_impl, gpt_forward)} gpt_forward")
+
+# %% [markdown]
+# The cache changes the cost, never the result. Feed an untrained GPT twelve tokens at once, then the same twelve
+# in three pieces with a cache: the logits agree (to rounding: the sums run in another order), and each block's
+# cache ends up holding all twelve positions.
+
+# %%
+torch.manual_seed(1)
+demo = new_gpt(small).eval()
+tokens = torch.randint(0, small.vocab_size, (2, 12))  # [2, 12]
+with torch.no_grad():
+    at_once = demo(tokens)  # [2, 12, 20]
+    cache = demo.new_cache()
+    pieces = torch.cat([demo(tokens[:, :5], cache), demo(tokens[:, 5:6], cache), demo(tokens[:, 6:], cache)], dim=1)
+print("same logits, at once and in pieces:", torch.allclose(at_once, pieces, atol=1e-5),
+      "| positions in each block's cache:", [c.length for c in cache])
+
+# %% [markdown]
+# ## 3. Every position is a training example
 #
 # Training wants those predictions to match the text. Take a window of $L$ tokens from the training text and
 # run the model on it. The output at position $t$ has seen tokens $0..t$ and is scored on token $t+1$: the
@@ -166,12 +363,13 @@ for t in range(len(inputs)):
 
 # %% [markdown]
 # The causal mask is what makes this honest: without it, position $t$ could read token $t+1$, its own answer
-# (chapter 06 built exactly that cheat). A quick proof on an untrained GPT: change the last character of a
-# window, and no earlier position's logits move, not even by a rounding error.
+# (chapter 06 built exactly that cheat). A quick proof on an untrained GPT, built by `new_gpt` from your block
+# and forward pass: change the last character of a window, and no earlier position's logits move, not even by a
+# rounding error.
 
 # %%
 torch.manual_seed(1)
-tiny = GPT(GPTConfig(vocab_size=len(chars), max_len=32, d_model=32, n_heads=2, n_layers=2, dropout=0.0)).eval()
+tiny = new_gpt(GPTConfig(vocab_size=len(chars), max_len=32, d_model=32, n_heads=2, n_layers=2, dropout=0.0)).eval()
 a = chars.encode("It takes great courage")[None]  # [1, 22]
 b = a.clone()
 b[0, -1] = chars.ids["x"]  # "It takes great couragx"
@@ -181,8 +379,8 @@ with torch.no_grad():
 print("logits of positions 0..20 bitwise identical:", same, "| largest change at position 21:", round(moved, 4))
 
 # %% [markdown]
-# ### Exercise 1 — `next_token_loss`
-# > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
+# ### Exercise 3 — `next_token_loss`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
 #
 # Write `next_token_loss(logits, tokens)`, the loss GPT is trained with.
 #
@@ -201,9 +399,11 @@ print("logits of positions 0..20 bitwise identical:", same, "| largest change at
 # <details><summary>Hint 1 — the idea</summary>Two slices line the predictions up with their targets: drop the
 # prediction that has no target (the last position's) and the token that nobody predicts (the first one). Then it
 # is an ordinary classification loss over all the remaining (position, target) pairs.</details>
-# <details><summary>Hint 2 — the plan</summary><code>logits[:, :-1]</code> is <code>[B, L-1, V]</code> and
-# <code>tokens[:, 1:]</code> is <code>[B, L-1]</code>. Flatten both to <code>[B·(L-1), V]</code> and
-# <code>[B·(L-1)]</code> with <code>reshape</code>, and take the mean cross-entropy.</details>
+# <details><summary>Hint 2 — the plan</summary>The predictions: every position but the last,
+# <code>[B, L-1, V]</code>. The targets: every token but the first, <code>[B, L-1]</code>. Flatten both, to
+# <code>[B * (L-1), V]</code> and <code>[B * (L-1)]</code>, and take the mean cross-entropy.</details>
+# <details><summary>Hint 3 — one key expression</summary>The predictions that have a target:
+# <code>logits[:, :-1]</code></details>
 
 # %% nbgrader={"grade": false, "grade_id": "next_token_loss", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -234,14 +434,14 @@ next_token_loss_impl = yours_or_reference(next_token_loss, check_next_token_loss
 
 # %%
 torch.manual_seed(2)
-untrained = GPT(GPTConfig(vocab_size=len(chars), max_len=32, d_model=96, n_heads=4, n_layers=2, dropout=0.0))
+untrained = new_gpt(GPTConfig(vocab_size=len(chars), max_len=32, d_model=96, n_heads=4, n_layers=2, dropout=0.0))
 batch = train_ids[torch.randint(0, len(train_ids) - 32, (8,))[:, None] + torch.arange(32)]  # [8, 32]
 with torch.no_grad():
     print(f"untrained GPT: {next_token_loss_impl(untrained(batch), batch).item():.3f} nats per character; "
           f"ln {len(chars)} = {math.log(len(chars)):.3f}")
 
 # %% [markdown]
-# ## 3. Baselines: what is a good loss?
+# ## 4. Baselines: what is a good loss?
 #
 # "2 nats per character" means nothing until it is compared with something. Two models that need no
 # training at all make good yardsticks.
@@ -269,8 +469,8 @@ top = unigram.topk(5)
 print("most frequent characters:", [(chars.decode([i]), round(p, 3)) for i, p in zip(top.indices.tolist(), top.values.exp().tolist())])
 
 # %% [markdown]
-# ### Exercise 2 — `bigram_log_probs`
-# > **Difficulty** ●●○ · **Importance** ●●○ · about 10 minutes
+# ### Exercise 4 — `bigram_log_probs`
+# > **Difficulty** ●●○ · **Importance** ●●○ · about 15 minutes
 #
 # Write `bigram_log_probs(ids, vocab_size, alpha)`:
 #
@@ -284,13 +484,16 @@ print("most frequent characters:", [(chars.decode([i]), round(p, 3)) for i, p in
 # (0,1) twice, (1,1), (1,2) and (2,0). Row 0 counts `[0, 2, 0, 0]`, so its probabilities are
 # `[1, 3, 1, 1] / 6` = `[0.1667, 0.5, 0.1667, 0.1667]`; row 3 was never a previous token: `[0.25] * 4`.
 #
-# <details><summary>Hint 1 — the idea</summary>Fill a <code>[V, V]</code> table of counts, add <code>alpha</code>
-# to every cell, divide each row by its own total, take the log. The pairs are <code>ids[:-1]</code> (previous)
-# next to <code>ids[1:]</code> (next).</details>
-# <details><summary>Hint 2 — the plan</summary>A loop over the pairs works; for speed, one number per pair,
-# <code>previous * V + next</code>, turns the table into one <code>torch.bincount(..., minlength=V * V)</code>
-# that you <code>view(V, V)</code>. The row totals are <code>counts.sum(dim=1, keepdim=True)</code>: <code>[V, 1]</code>,
-# which broadcasts over the columns.</details>
+# <details><summary>Hint 1 — the idea</summary>Fill a <code>[V, V]</code> table of counts, the previous token
+# choosing the row and the next one the column; add <code>alpha</code> to every cell, divide each row by its own
+# total, take the log.</details>
+# <details><summary>Hint 2 — the plan</summary>The pairs: the stream without its last id (the previous tokens)
+# beside the stream without its first id (the next ones), both <code>[N - 1]</code>. A loop over the pairs works.
+# Faster: one number per pair, previous · V + next, counted by torch.bincount with a minlength of V·V and viewed as
+# <code>[V, V]</code>. The row totals, <code>[V, 1]</code>, broadcast over the columns; compute in float64 and
+# return float32.</details>
+# <details><summary>Hint 3 — one key expression</summary>The row totals:
+# <code>counts.sum(dim=1, keepdim=True)</code></details>
 
 # %% nbgrader={"grade": false, "grade_id": "bigram_log_probs", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def bigram_log_probs(ids: torch.Tensor, vocab_size: int, alpha: float = 1.0) -> torch.Tensor:
@@ -349,7 +552,7 @@ print(f"after 'q' the bigram model expects 'u' with probability {after_q[chars.i
 # For a character-level model $n_\text{tokens} = n_\text{chars}$ and this is just $\mathcal{L} / \ln 2$.
 
 # %% [markdown]
-# ### Exercise 3 — `bits_per_char`
+# ### Exercise 5 — `bits_per_char`
 # > **Difficulty** ●○○ · **Importance** ●●○ · about 5 minutes
 #
 # Write `bits_per_char(loss, n_tokens, n_chars)`: `loss` is a mean cross-entropy in nats per token (a float or a
@@ -361,8 +564,9 @@ print(f"after 'q' the bigram model expects 'u' with probability {after_q[chars.i
 #
 # <details><summary>Hint 1 — the idea</summary>Two separate conversions: from "per token" to "per character"
 # (how many tokens does one character amount to?), and from nats to bits (how many nats is one bit?).</details>
-# <details><summary>Hint 2 — the plan</summary>Multiply by the tokens per character, <code>n_tokens / n_chars</code>;
-# divide by <code>math.log(2)</code>. <code>float(loss)</code> turns a 0-d tensor into a number.</details>
+# <details><summary>Hint 2 — the plan</summary>Multiply the loss by the tokens per character,
+# <code>n_tokens / n_chars</code>, then divide by the natural logarithm of 2. A 0-d tensor must become a Python
+# number first.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "bits_per_char", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def bits_per_char(loss, n_tokens: int, n_chars: int) -> float:
@@ -385,7 +589,7 @@ bits_per_char_impl = yours_or_reference(bits_per_char, check_bits_per_char)
 # **Perplexity** is the third way to say the same thing: $e^{\mathcal{L}}$ with $\mathcal{L}$ in nats (or
 # $2^{b}$ with $b$ in bits). It is the number of equally likely choices the model is, on average, as uncertain
 # as: a uniform guess over $V$ tokens has perplexity $V$. Its catch: it is *per token*, so it depends on what a
-# token is (section 6).
+# token is (section 7).
 
 # %%
 n = len(val_ids) - 1  # the predictions every model below is scored on
@@ -395,11 +599,12 @@ for name, nats in baselines.items():
     print(f"{name:<20} {nats:9.3f} {bits_per_char_impl(nats, n, n):9.3f} {math.exp(nats):10.1f}")
 
 # %% [markdown]
-# ## 4. A character-level GPT
+# ## 5. A character-level GPT
 #
-# The model: 2 blocks, $d_\text{model} = 96$, 4 heads, a context of 32 characters; the vocabulary of 103
-# characters. Training draws batches of 32 random windows from the training text and minimises **your**
-# `next_token_loss` (or the reference, as the line above said) with AdamW: a short linear warm-up of the
+# The model is **your** GPT: `new_gpt` builds it from your `gpt_block` and `gpt_forward` (or the references, as
+# the lines after their checks said). 2 blocks, $d_\text{model} = 96$, 4 heads, a context of 32 characters; the
+# vocabulary of 103 characters. Training draws batches of 32 random windows from the training text and minimises
+# **your** `next_token_loss` (or the reference) with AdamW: a short linear warm-up of the
 # learning rate, then a cosine decay (the schedule nanoGPT uses), gradients clipped to norm 1. 400 steps see
 # 32 × 32 × 400 = 409,600 characters, about one and a half passes over the training text.
 
@@ -407,7 +612,7 @@ for name, nats in baselines.items():
 CONTEXT, BATCH, STEPS, LR = 32, 32, 400, 4e-3
 char_config = GPTConfig(vocab_size=V, max_len=CONTEXT, d_model=96, n_heads=4, n_layers=2, dropout=0.0)
 torch.manual_seed(10)
-char_model = GPT(char_config)
+char_model = new_gpt(char_config)
 print(f"character-level GPT: {sum(p.numel() for p in char_model.parameters()):,} parameters")
 print(f"{STEPS} steps x {BATCH} windows x {CONTEXT} characters = {STEPS * BATCH * CONTEXT:,} characters seen, "
       f"{STEPS * BATCH * CONTEXT / len(train_text):.2f} passes over the training text")
@@ -418,6 +623,18 @@ char_history = train_lm(char_model, train_ids, context=CONTEXT, batch_size=BATCH
                         loss_fn=next_token_loss_impl, generator=torch.Generator().manual_seed(0),
                         desc="character GPT")
 print(f"{STEPS} steps in {time.perf_counter() - start:.1f} s")
+
+# %% [markdown]
+# Whose code did that training run? `model_calls` (from `transformer_lib.checks`) runs the model once on a window
+# and counts the calls made through every attribute that is the given function:
+
+# %%
+first_window = train_ids[:CONTEXT][None]  # [1, 32]
+assert model_calls(char_model, gpt_block_impl, first_window) == char_config.n_layers  # once per block
+assert model_calls(char_model, gpt_forward_impl, first_window) == 1
+print(f"the character GPT trained above ran {whose(gpt_block_impl, gpt_block)} gpt_block "
+      f"({char_config.n_layers} calls per forward pass, one per block) and {whose(gpt_forward_impl, gpt_forward)} "
+      f"gpt_forward, and it is the model the rest of the chapter measures and samples from")
 
 # %% [markdown]
 # The validation loss covers the **whole** validation text: `evaluate_lm` slides a window of 32 characters along
@@ -485,7 +702,7 @@ plt.show()
 # that it is measured against something.
 
 # %% [markdown]
-# ## 5. The chain rule, measured
+# ## 6. The chain rule, measured
 #
 # The trained model now supplies the factors of section 1 for real, one character at a time. The text starts
 # at the beginning of a paragraph (a newline, as in the corpus), so each factor is
@@ -540,7 +757,7 @@ claim(real >= letters_scrambled + 10, "and at least 10 nats more probable than w
       measured=measured)
 
 # %% [markdown]
-# ## 6. The same model on BPE tokens
+# ## 7. The same model on BPE tokens
 #
 # Characters make long sequences: a window of 32 characters is five or six words. Chapter 08's **byte-pair
 # encoding** (BPE) merges frequent pieces into tokens, so the same window covers more text. We train a small
@@ -561,7 +778,7 @@ print("tokens:", [bpe.decode([i]) for i in example.ids])
 bpe_config = GPTConfig(vocab_size=bpe.get_vocab_size(), max_len=CONTEXT, d_model=96, n_heads=4, n_layers=2,
                        dropout=0.0)
 torch.manual_seed(10)
-bpe_model = GPT(bpe_config)
+bpe_model = new_gpt(bpe_config)
 sizes = {}
 for name, model in [("character GPT", char_model), ("BPE GPT", bpe_model)]:
     total = sum(p.numel() for p in model.parameters())
@@ -578,11 +795,17 @@ bpe_history = train_lm(bpe_model, bpe_train, context=CONTEXT, batch_size=BATCH, 
                        loss_fn=next_token_loss_impl, generator=torch.Generator().manual_seed(0), desc="BPE GPT")
 print(f"{STEPS} steps in {time.perf_counter() - start:.1f} s")
 
+# %%
+assert model_calls(bpe_model, gpt_block_impl, bpe_train[:CONTEXT][None]) == bpe_config.n_layers
+assert model_calls(bpe_model, gpt_forward_impl, bpe_train[:CONTEXT][None]) == 1
+print(f"the BPE GPT, too, ran {whose(gpt_block_impl, gpt_block)} gpt_block and {whose(gpt_forward_impl, gpt_forward)} "
+      f"gpt_forward")
+
 # %% [markdown]
 # Now the comparison, and its trap. The BPE model's loss is in nats per **token**, and its perplexity counts
 # choices among 512 tokens, each a piece of a word; the character model's counts choices among 103 characters.
 # Those two numbers measure different things and must not be compared. Per **character** they can be: the
-# total information over the validation text, divided by its number of characters (section 3). Both models are
+# total information over the validation text, divided by its number of characters (section 4). Both models are
 # scored on the whole validation text.
 
 # %% tags=["nbval-ignore-output"]
@@ -623,7 +846,7 @@ claim(bpe_nats_per_char <= char_nats - 0.25, "so per character it is better than
 # language models across tokenizers in bits (or nats) per character, never in perplexity per token.**
 
 # %% [markdown]
-# ## 7. Generation
+# ## 8. Generation
 #
 # A language model generates text by running the chain rule forwards: predict a distribution for the next
 # token, choose one, append it, repeat. The choice is the whole art, and chapter 07 met the basic options:
@@ -638,8 +861,8 @@ claim(bpe_nats_per_char <= char_nats - 0.25, "so per character it is better than
 # positions after the cached ones, and returns their logits `[batch, new, vocab]`.
 
 # %% [markdown]
-# ### Exercise 4 — `greedy_generate`
-# > **Difficulty** ●●○ · **Importance** ●●● · about 10 minutes
+# ### Exercise 6 — `greedy_generate`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
 #
 # Write `greedy_generate(model, prompt, max_new_tokens)`:
 #
@@ -656,10 +879,12 @@ claim(bpe_nats_per_char <= char_nats - 0.25, "so per character it is better than
 # <details><summary>Hint 1 — the idea</summary>Keep two things apart: everything generated so far (what you
 # return) and what the model has not seen yet (the prompt at the first step, then one token). The cache remembers
 # the rest.</details>
-# <details><summary>Hint 2 — the plan</summary><code>cache = model.new_cache()</code> before the loop; then
-# <code>max_new_tokens</code> times: <code>model(new, cache)[:, -1]</code> is
-# <code>[batch, vocab]</code>; its argmax over the vocabulary is <code>[batch]</code>; make it a column
-# <code>[batch, 1]</code> to append to what you return and to feed next.</details>
+# <details><summary>Hint 2 — the plan</summary>An empty cache from the model, before the loop. Then, max_new_tokens
+# times: run the model on what it has not seen yet, with the cache; keep the last position's logits,
+# <code>[batch, vocab]</code>; their argmax over the vocabulary is <code>[batch]</code>; as a column,
+# <code>[batch, 1]</code>, it is appended to what you return and is also what the model sees next.</details>
+# <details><summary>Hint 3 — one key expression</summary>The logits that predict the next token:
+# <code>model(new, cache)[:, -1]</code></details>
 
 # %% nbgrader={"grade": false, "grade_id": "greedy_generate", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def greedy_generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
@@ -707,7 +932,7 @@ claim(torch.equal(cached, uncached), "greedy output is identical with and withou
 # and starts a fresh cache.)
 
 # %% tags=["nbval-ignore-output"]
-greedy_text = generate_long(char_model, prompt, 150, choose=lambda logits: logits.argmax(dim=-1))
+greedy_text = generate_long(char_model, prompt, 150, generate_fn=greedy_generate_impl)
 print(repr(chars.decode(greedy_text[0, 1:])))
 
 # %%
@@ -726,7 +951,7 @@ claim(stretches.count(loop) >= 5, "the greedy text loops: one 12-character stret
 # greedy); $T > 1$ flattens it (the limit is uniform).
 
 # %% [markdown]
-# ### Exercise 5 — `temperature_probs`
+# ### Exercise 7 — `temperature_probs`
 # > **Difficulty** ●○○ · **Importance** ●●○ · about 5 minutes
 #
 # Write `temperature_probs(logits, temperature)`: `logits` `[..., vocab]`, `temperature` $> 0$; return the
@@ -795,8 +1020,8 @@ plt.show()
 # probable token is always kept, even when it alone holds more than $p$.
 
 # %% [markdown]
-# ### Exercise 6 — `top_p_filter`
-# > **Difficulty** ●●● · **Importance** ●●○ · about 15 minutes
+# ### Exercise 8 — `top_p_filter`
+# > **Difficulty** ●●● · **Importance** ●●○ · about 20 minutes
 #
 # Write `top_p_filter(logits, p)`: `logits` `[..., vocab]`, `0 < p < 1`. Return a tensor of the same shape in
 # which the logits of the tokens outside the nucleus are `-inf` and the others are **unchanged**, in vocabulary
@@ -808,10 +1033,14 @@ plt.show()
 #
 # <details><summary>Hint 1 — the idea</summary>Decide in sorted order, apply in vocabulary order. In sorted order
 # the nucleus is a prefix, and "the mass before a token" is a cumulative sum minus the token itself.</details>
-# <details><summary>Hint 2 — the plan</summary><code>sorted_logits, order = logits.sort(dim=-1, descending=True)</code>;
-# softmax of <code>sorted_logits</code>, <code>cumsum(dim=-1)</code>, minus the probabilities: a boolean
-# <code>drop</code> <code>[..., vocab]</code> in sorted order. Send it back to vocabulary order with
-# <code>drop.scatter(-1, order, drop)</code>, then <code>masked_fill</code> the logits.</details>
+# <details><summary>Hint 2 — the plan</summary>Sort the logits in descending order and keep the indices of the
+# sort, <code>[..., vocab]</code>. The softmax of the sorted logits, its cumulative sum along the vocabulary, minus
+# each token's own probability: the mass before each token. Dropped: the tokens whose mass before is already at
+# least p, a boolean <code>[..., vocab]</code> in sorted order. Send that back to vocabulary order with the sort's
+# indices (a scatter), and fill the dropped logits with minus infinity.</details>
+# <details><summary>Hint 3 — one key expression</summary>Back to vocabulary order, for a boolean
+# <code>drop_sorted</code> and the sort's indices <code>order</code>:
+# <code>drop_sorted.scatter(-1, order, drop_sorted)</code></details>
 
 # %% nbgrader={"grade": false, "grade_id": "top_p_filter", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
@@ -859,42 +1088,101 @@ claim(min(nucleus_size["The value of the "], nucleus_size["\n"]) >= 10,
       "where it is not (the first letter of a word, of a paragraph), it keeps at least 10", measured=measured)
 
 # %% [markdown]
-# ### Samples
+# ### The sampling loop
 #
-# Each rule becomes a `choose(logits) -> token` function. Two of its pieces are yours, from this chapter:
-# `temperature_probs` and `top_p_filter` (or the references, where the lines after their checks said so). The
-# top-k filter is the library's, `transformer_lib.decoding.top_k_filter`: the reference answer to chapter 07's
-# exercise, since this notebook cannot reach the one you wrote there. The library's `generate_long` runs the
-# rule. The same seed for every sampler, 32 samples of 200 characters each, from the same prompt; the first
-# sample of each is shown. (The samples depend on the trained weights, so another machine shows other ones; what
-# the chapter says about them is checked below on all 32.)
+# Everything a sampler needs is now on the table: your greedy loop with the cache, your temperature, your
+# nucleus, and the top-k filter. The top-k filter is the library's, `transformer_lib.decoding.top_k_filter`
+# (imported above): the reference answer to chapter 07's exercise, since this notebook cannot reach the one you
+# wrote there. It takes logits `[..., vocab]` and `k` (`None` keeps every token) and returns them with `-inf`
+# everywhere but the `k` largest. The order in which the pieces act is Hugging Face's, and it matters: the
+# temperature first, then top-k, then top-p, so that the nucleus is measured on the distribution actually
+# sampled from.
+#
+# ### Exercise 9 — `sample`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 20 minutes
+#
+# Write `sample(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None)`:
+# `[batch, seq]` → `[batch, seq + max_new_tokens]`, the prompt followed by the new tokens.
+#
+# * The loop and the cache are those of your `greedy_generate`: the prompt runs through the model once, then each
+#   step feeds only the newest token. The checker counts the positions computed.
+# * Each new token is a **draw**, one per row, from the last position's distribution: at `temperature` (use
+#   `temperature_probs_impl`, yours if it passed), restricted to the `top_k` most probable tokens
+#   (`top_k_filter`), then to the nucleus of mass `top_p` (`top_p_filter_impl`, only when `top_p` is not `None`).
+# * The filters work on logits and put `-inf` outside what they keep. The logarithm of probabilities serves as
+#   logits: the softmax of $\log p$ is $p$ again.
+# * Draw with `torch.multinomial` and the `generator` you are given, so that a seeded generator gives the same
+#   samples every time. The checker runs your function twice with the same seeded generator but a different
+#   global random state, and expects the same tokens; it also checks that every token drawn lies inside the top-k
+#   and the nucleus at that temperature.
+#
+# <details><summary>Hint 1 — the idea</summary>Your greedy loop with one change: the argmax becomes a draw. The
+# draw wants probabilities; the two filters want logits. Moving between the two is a log one way and a softmax the
+# other.</details>
+# <details><summary>Hint 2 — the plan</summary>Each step: the last position's logits, <code>[batch, vocab]</code>;
+# probabilities at the temperature, and their log, <code>[batch, vocab]</code>; the top-k filter; the top-p filter
+# when top_p is given; a softmax over the vocabulary; one multinomial sample per row with the generator,
+# <code>[batch, 1]</code>, appended to the output and fed to the model next.</details>
+# <details><summary>Hint 3 — one key expression</summary>The draw:
+# <code>torch.multinomial(probs, 1, generator=generator)</code></details>
+
+# %% nbgrader={"grade": false, "grade_id": "sample", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def sample(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+           top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Sampling with the key/value cache, temperature, top-k and top-p: [batch, seq] -> [batch, seq + max_new_tokens]."""
+    ### BEGIN SOLUTION
+    cache = model.new_cache()
+    tokens = new = prompt  # new: what the model has not seen yet
+    for _ in range(max_new_tokens):
+        logits = model(new, cache)[:, -1]  # [batch, vocab]
+        scores = top_k_filter(temperature_probs_impl(logits, temperature).log(), top_k)  # log-probabilities at T
+        if top_p is not None:
+            scores = top_p_filter_impl(scores, top_p)  # -inf outside the nucleus
+        new = torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)  # [batch, 1]
+        tokens = torch.cat([tokens, new], dim=1)
+    return tokens
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "sample_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_sample(sample)
+### BEGIN HIDDEN TESTS
+check_sample(sample, hidden=True)
+### END HIDDEN TESTS
 
 # %%
-def sampler(temperature=1.0, top_k=None, top_p=None, seed=0):
-    """A choose(logits [batch, vocab]) -> [batch] rule: temperature, then top-k, then top-p, then a draw."""
-    g = torch.Generator().manual_seed(seed)
+sample_impl = yours_or_reference(sample, check_sample)
 
-    def choose(logits):
-        log_probs = temperature_probs_impl(logits, temperature).log()  # [batch, vocab]: logits at temperature T
-        log_probs = top_k_filter(log_probs, top_k) if top_k else log_probs
-        log_probs = top_p_filter_impl(log_probs, top_p) if top_p else log_probs
-        return torch.multinomial(torch.softmax(log_probs, dim=-1), 1, generator=g).squeeze(-1)  # [batch]
+# %% [markdown]
+# ### Samples
+#
+# Five rules, each run by `sample_impl` (yours, if it passed) on the character model: three temperatures, then
+# top-k and top-p at $T = 1$. The same seed for every rule, 32 samples of 200 characters each, from the same
+# prompt; the first sample of each is shown. The model's window is 32 characters, so `generate_long` slides the
+# window along as it did for the greedy text, and calls your function once per window. (The samples depend on
+# the trained weights, so another machine shows other ones; what the chapter says about them is checked below on
+# all 32.)
 
-    return choose
-
-
-samplers = {
-    "T = 0.5": sampler(temperature=0.5),
-    "T = 1.0": sampler(temperature=1.0),
-    "T = 1.5": sampler(temperature=1.5),
-    "top-k 10": sampler(top_k=10),
-    "top-p 0.9": sampler(top_p=0.9),
+# %%
+rules = {
+    "T = 0.5": dict(temperature=0.5),
+    "T = 1.0": dict(temperature=1.0),
+    "T = 1.5": dict(temperature=1.5),
+    "top-k 10": dict(top_k=10),
+    "top-p 0.9": dict(top_p=0.9),
 }
+
+
+def sampler(generator, **rule):
+    """generate_long's generate_fn: one window continued by sample_impl, with one generator throughout."""
+    return lambda model, window, steps: sample_impl(model, window, steps, generator=generator, **rule)
+
 
 # %% tags=["nbval-ignore-output"]
 samples = {}
-for name, choose in samplers.items():
-    samples[name] = generate_long(char_model, prompt.expand(32, -1), 200, choose=choose)  # [32, 5 + 200]
+for name, rule in rules.items():
+    g = torch.Generator().manual_seed(0)
+    samples[name] = generate_long(char_model, prompt.expand(32, -1), 200, generate_fn=sampler(g, **rule))  # [32, 205]
     print(f"--- {name}\n{chars.decode(samples[name][0, 1:])}\n")
 
 # %% [markdown]
@@ -969,7 +1257,7 @@ claim(len(beam_words) <= len(greedy_words), "and no less bland a one: it uses no
 # story generators sample, with a temperature and a nucleus.
 
 # %% [markdown]
-# ## 8. Scale: GPT-2 and GPT-3
+# ## 9. Scale: GPT-2 and GPT-3
 #
 # The models of the literature are this chapter's model, larger. GPT-2 small (Radford et al., 2019): 12 blocks,
 # $d_\text{model} = 768$, 12 heads, 1,024 positions and GPT-2's byte-level BPE of 50,257 tokens. Built on PyTorch's
@@ -1018,7 +1306,7 @@ print(f"published: 175.0 billion; recomputed: {count(gpt3) / 1e9:.1f} billion")
 # 300 billion tokens; our character model has 236,832 parameters and saw 409,600 characters.
 
 # %% [markdown]
-# ## 9. Few-shot prompting, and what a small model learns in context
+# ## 10. Few-shot prompting, and what a small model learns in context
 #
 # GPT-3's paper is titled "Language Models are Few-Shot Learners" (Brown et al., 2020). Its finding: a large enough
 # language model can do a task it was never trained for, **without any change to its weights**, if the prompt
@@ -1123,7 +1411,7 @@ claim(second_copy > 1.5, "it still pays over 1.5 nats for each character of a st
 # et al.'s few-shot learning, belongs to models with orders of magnitude more parameters and training text.
 
 # %% [markdown]
-# ## 10. Three families
+# ## 11. Three families
 #
 # The Transformer of 2017 was an encoder and a decoder. Chapters 09 and 10 kept one half each, and the three
 # resulting families cover most of what is built today. What separates them is which positions may attend to
@@ -1147,9 +1435,14 @@ plt.show()
 #
 # * A language model is a next-token predictor: by the **chain rule**, $P(x_1..x_T) = \prod_t P(x_t \mid x_{<t})$,
 #   and log-probabilities turn the product into a sum.
-# * GPT is a stack of **masked self-attention** blocks. With the causal mask, one forward pass over a window makes
-#   a prediction at every position, and **every position is a training example** with the targets shifted by one:
-#   `logits[:, :-1]` against `tokens[:, 1:]`, the last prediction left out.
+# * GPT-2 is a stack of **pre-norm** blocks, $x + \operatorname{Attn}(\operatorname{LN}_1(x))$ then
+#   $x + \operatorname{MLP}(\operatorname{LN}_2(x))$, with **masked (causal) self-attention**; token plus position
+#   vectors go in, a final LayerNorm and the tied token table come out. With a **key/value cache** each block keeps
+#   its keys and values, the new tokens' positions continue after the cached ones, and the logits are those of the
+#   whole sequence at once. You wrote both functions, and the models of this chapter ran them.
+# * With the causal mask, one forward pass over a window makes a prediction at every position, and **every
+#   position is a training example** with the targets shifted by one: `logits[:, :-1]` against `tokens[:, 1:]`, the
+#   last prediction left out.
 # * Losses mean something only against **baselines**: on the course text a unigram model scores 3.30 nats per
 #   character and a bigram model 2.42; the character GPT, trained here for 400 steps, 1.8 to 2.0.
 # * **Nats, bits, perplexity**: bits = nats / ln 2, perplexity = $e^{\text{nats}}$. Across tokenizers, compare **per
@@ -1158,7 +1451,8 @@ plt.show()
 #   its per-token perplexity (over 20 against under 7.4) looks far worse.
 # * **Generation**: greedy (with a key/value cache, identical tokens to the uncached run) loops; temperature
 #   reshapes the distribution *before* the softmax; top-k keeps $k$ tokens, top-p the smallest nucleus with mass
-#   $\ge p$ (the crossing token kept); beam search finds more probable but blander text.
+#   $\ge p$ (the crossing token kept); sampling draws from what is left with a seeded generator, so a sample can be
+#   reproduced; beam search finds more probable but blander text.
 # * **Scale**: GPT-2 small has 124,439,808 parameters (the paper's "117M" was a miscount); $12 L d^2$ with GPT-3's
 #   96 blocks of 12,288 gives 173.9 billion, 174.6 billion with the embeddings: the published 175B. Few-shot
 #   prompting is a property of such scale, not of small models: ours uses a few characters of context to finish
@@ -1177,8 +1471,8 @@ plt.show()
 # Which of this chapter's exercises pass, as last checked (run the test cells again after a change):
 
 # %%
-exercise_summary(check_next_token_loss, check_bigram_log_probs, check_bits_per_char, check_greedy_generate,
-                 check_temperature_probs, check_top_p_filter)
+exercise_summary(check_gpt_block, check_gpt_forward, check_next_token_loss, check_bigram_log_probs, check_bits_per_char,
+                 check_greedy_generate, check_temperature_probs, check_top_p_filter, check_sample)
 
 # %% [markdown]
 # ## Glossary · 术语表
@@ -1202,6 +1496,11 @@ exercise_summary(check_next_token_loss, check_bigram_log_probs, check_bits_per_c
 # | nucleus (top-p) sampling | 核采样（Top-p 采样） | draw among the smallest set of top tokens with mass ≥ p |
 # | beam search | 束搜索 | keep the best few partial sequences at every step |
 # | key/value cache | 键值缓存（KV 缓存） | keys and values of earlier tokens, kept so each step feeds one token |
+# | pre-norm / post-norm | 前置归一化 / 后置归一化 | LayerNorm on each sub-block's input (GPT-2) / on the residual sum (GPT-1) |
+# | residual stream | 残差流 | the vector x each block reads and adds to; never normalised inside a pre-norm block |
+# | final LayerNorm | 最终层归一化 | GPT-2's LayerNorm after the last block, before the output layer |
+# | multinomial draw | 多项分布采样 | drawing one token with the given probabilities (torch.multinomial) |
+# | random generator (seed) | 随机数生成器（种子） | the source of a sample's randomness; the same seed gives the same sample |
 # | weight tying | 权重共享（绑定） | the output layer reuses the token embedding matrix |
 # | few-shot / in-context learning | 少样本 / 上下文学习 | a task shown by examples in the prompt, no weight update |
 # | induction head | 归纳头 | an attention head that completes a pattern seen earlier: after [A][B] … [A], predict [B] |

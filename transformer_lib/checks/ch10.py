@@ -1,11 +1,13 @@
-"""Checkers for chapter 10, GPT: the next-token loss over whole windows (every position a
-training example), the bigram baseline, the conversion to bits per character, the
-temperature, nucleus (top-p) filtering, and greedy generation with the key/value cache.
+"""Checkers for chapter 10, GPT: the pre-norm GPT block and the model's forward pass (with the
+key/value cache), the next-token loss over whole windows (every position a training example),
+the bigram baseline, the conversion to bits per character, greedy generation with the cache,
+the temperature, nucleus (top-p) filtering, and the sampling loop.
 
 References are the library's (transformer_lib.gpt). Each checker knows the wrong answers
 learners often write, and properties name an error from a trait of the output when two
 mistakes come together (a loss near zero on logits that copy their own token: the targets
-are not shifted; probabilities that do not sum to one; positions computed twice).
+are not shifted; probabilities that do not sum to one; positions computed twice; an earlier
+output that moves when a later input changes; draws that ignore the generator).
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from transformer_lib.gpt import (GPT, GPTConfig, bigram_log_probs, bits_per_char, greedy_generate, lm_loss,
-                                 next_token_loss, temperature_probs, top_p_filter)
+from transformer_lib.attention import KVCache
+from transformer_lib.decoding import top_k_filter
+from transformer_lib.gpt import (GPT, Block, GPTConfig, bigram_log_probs, bits_per_char, gpt_block, gpt_forward,
+                                 greedy_generate, lm_loss, next_token_loss, sample, temperature_probs, top_p_filter)
+from transformer_lib.masks import causal_mask
 
 from .core import Case, Checker, Mistake, Property, randn, seeded
 from .properties import not_finite_on_large_inputs, rows_do_not_sum_to_one
@@ -30,7 +35,508 @@ def _close(a: float, b: float, rel: float = 1e-4) -> bool:
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 1: next_token_loss(logits, tokens) -> mean nats over the predictions with a next token
+# The tiny models every model-level check runs on
+# ---------------------------------------------------------------------------------------
+#
+# The checks build their models themselves, seeded, so the learner's kernel and the grader build
+# exactly the same ones. A check must never need the reference answer of *another* exercise (the
+# grader hides every reference of the chapter while it runs a notebook), so the tiny GPTs run
+# GPT-1's layout (Radford et al., 2018): post-norm blocks and no final LayerNorm. Both are wrong
+# answers to this chapter's gpt_block and gpt_forward (GPT-2's layout is asked), so they give
+# nothing away; they are real, causal, cached language models all the same.
+
+TINY_GPT_VOCAB = 13
+
+
+def _gpt1_block(x, block, cache=None):
+    """GPT-1's post-norm block: x = LN1(x + Attn(x)); LN2(x + MLP(x))."""
+    past = 0 if cache is None else cache.length
+    mask = causal_mask(past + x.shape[1], device=x.device)[past:]  # [seq, past + seq]
+    x = block.ln_1(x + block.dropout(block.self_attn(x, x, x, mask, cache=cache)))
+    return block.ln_2(x + block.dropout(block.feed_forward(x)))
+
+
+def _gpt1_forward(tokens, model, cache=None):
+    """GPT-1's forward pass: embeddings and positions, the blocks, the tied output layer (no final LayerNorm)."""
+    past = 0 if cache is None else cache[0].length
+    x = model.positions(model.token_embedding(tokens), offset=past)
+    for i, block in enumerate(model.blocks):
+        x = block(x, None if cache is None else cache[i])
+    return model.lm_head(x)
+
+
+def _refuse_block(x, block, cache=None):
+    raise RuntimeError("gpt_block called block(x), which runs the block function the block was built with, not "
+                       "yours: compute the block from its parts (block.ln_1, block.self_attn, block.ln_2, "
+                       "block.feed_forward, block.dropout)")
+
+
+def _refuse_forward(tokens, model, cache=None):
+    raise RuntimeError("gpt_forward called model(tokens), which runs the forward function the model was built with, "
+                       "not yours: compute the logits from the model's parts (model.token_embedding, "
+                       "model.positions, model.blocks, model.ln_f, model.lm_head)")
+
+
+def _randomise(module: torch.nn.Module) -> None:
+    """Weights far from GPT-2's small initialisation, LayerNorms and biases included, so that
+    every part of a block or model visibly changes the output."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.dim() >= 2:  # embeddings and weight matrices
+                p.normal_(0.0, 0.5)
+            elif name.endswith("gamma"):
+                p.normal_(1.0, 0.3)
+            else:  # biases and LayerNorm shifts
+                p.normal_(0.0, 0.3)
+
+
+@dataclass(frozen=True)
+class TinyGPT:
+    """Which tiny GPT (GPT-1's layout, see above) a case runs on; `float32` for sampling, whose
+    draws depend on the dtype of the probabilities."""
+
+    seed: int
+    layers: int = 2
+    float32: bool = False
+
+    def __repr__(self) -> str:
+        return f"tiny GPT #{self.seed} ({self.layers} layers{', float32' if self.float32 else ''})"
+
+    def build(self, forward_fn=_gpt1_forward) -> GPT:
+        config = GPTConfig(vocab_size=TINY_GPT_VOCAB, max_len=128, d_model=16, n_heads=2, n_layers=self.layers,
+                           dropout=0.0)
+        with torch.random.fork_rng(devices=[]):  # building must not move the notebook's random state
+            torch.manual_seed(self.seed)
+            model = GPT(config, block_fn=_gpt1_block, forward_fn=forward_fn)
+            _randomise(model)
+        return (model.float() if self.float32 else model.double()).eval()
+
+
+class _Halve(torch.nn.Module):
+    """Stands in for a block's dropout in one case, so that the check sees where it is applied."""
+
+    def forward(self, x):
+        return 0.5 * x
+
+
+@dataclass(frozen=True)
+class TinyBlock:
+    """Which block a gpt_block case runs on (seeded, float64), and the cache it starts with:
+    None for no cache, else a KVCache already holding `past` positions of random keys and values."""
+
+    seed: int
+    d_model: int = 16
+    n_heads: int = 2
+    past: int | None = None
+    halve_dropout: bool = False
+
+    def __repr__(self) -> str:
+        text = f"block #{self.seed}: d_model {self.d_model}, {self.n_heads} heads"
+        if self.past is not None:
+            text += f", a cache holding {self.past} positions"
+        return text + (", block.dropout halving its input" if self.halve_dropout else "")
+
+    def build(self) -> Block:
+        config = GPTConfig(vocab_size=TINY_GPT_VOCAB, max_len=64, d_model=self.d_model, n_heads=self.n_heads,
+                           n_layers=1, dropout=0.0)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            block = Block(config, block_fn=_refuse_block)
+            _randomise(block)
+        if self.halve_dropout:
+            block.dropout = _Halve()
+        return block.double().eval()
+
+    def cache(self, batch: int) -> KVCache | None:
+        if self.past is None:
+            return None
+        g = seeded(self.seed + 500)
+        shape = (batch, self.n_heads, self.past, self.d_model // self.n_heads)  # [batch, heads, past, d_k]
+        return KVCache(randn(g, *shape, dtype=torch.float64), randn(g, *shape, dtype=torch.float64)) if self.past \
+            else KVCache()
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 1: gpt_block(x, block, cache=None) -> the pre-norm block, causal, with the cache
+# ---------------------------------------------------------------------------------------
+
+SEES_FUTURE = "an earlier output moved when only the last position's input changed"
+CARRIED = "adding 1 to every feature of x added 1 to every feature of the output"
+
+
+def _invoke_block(fn, case: Case):
+    x, tiny = case.args
+    block = tiny.build()
+    cache = tiny.cache(x.shape[0])
+    if cache is not None:
+        out = fn(x, block, cache)
+        return {"output": out, "cached keys": cache.k, "cached values": cache.v}
+    out = fn(x, block)
+    probe = x.clone()
+    probe[:, -1] = probe[:, -1].flip(-1)  # change the last position only (not by a shift or a scale, which
+    # a LayerNorm would undo): no earlier output may move
+    moved = fn(probe, tiny.build())
+    # A pre-norm block carries a constant added to every feature straight through its residual
+    # path (each LayerNorm ignores it): the output moves by exactly that constant.
+    shifted = fn(x + 1.0, tiny.build())
+    try:
+        sees_future = bool((moved[:, :-1] - out[:, :-1]).abs().max() > 1e-9) if x.shape[1] > 1 else False
+        carried = bool(torch.allclose(shifted - out, torch.ones_like(out), rtol=0, atol=1e-6))
+    except Exception:  # an output without positions: the comparison of "output" says what is wrong
+        sees_future = carried = None
+    return {"output": out, SEES_FUTURE: sees_future, CARRIED: carried}
+
+
+def _block_cases() -> list[Case]:
+    g = seeded(1000)
+    cases = []
+    for name, tiny, batch, seq, hidden in [
+        ("one sequence of 5 positions, no cache", TinyBlock(1), 1, 5, False),
+        ("a batch of 3 sequences of 7, no cache", TinyBlock(2), 3, 7, False),
+        ("3 new positions after 4 cached ones", TinyBlock(3, past=4), 2, 3, False),
+        ("1 new position after 6 cached ones", TinyBlock(4, past=6), 2, 1, False),
+        ("no cache; block.dropout replaced by a fixed halving, to see where it is applied",
+         TinyBlock(5, halve_dropout=True), 2, 4, False),
+        ("an empty cache, 4 new positions", TinyBlock(6, past=0), 1, 4, True),
+        ("d_model 24, 3 heads, 12 positions, no cache", TinyBlock(7, d_model=24, n_heads=3), 2, 12, True),
+        ("2 new positions after 9 cached ones, 4 heads", TinyBlock(8, n_heads=4, past=9), 3, 2, True),
+        ("a cache and the halving dropout", TinyBlock(9, past=3, halve_dropout=True), 2, 3, True),
+    ]:
+        x = randn(g, batch, seq, tiny.d_model, dtype=torch.float64)
+        cases.append(Case(name, (x, tiny), hidden=hidden))
+    return cases
+
+
+def _mask_for(x, cache):
+    past = 0 if cache is None else cache.length
+    return causal_mask(past + x.shape[1], device=x.device)[past:]
+
+
+def _attend(block, h, mask, cache):
+    return block.dropout(block.self_attn(h, h, h, mask, cache=cache))
+
+
+def _mlp(block, h):
+    return block.dropout(block.feed_forward(h))
+
+
+def _blk_post_norm(x, block, cache=None):
+    x = block.ln_1(x + _attend(block, x, _mask_for(x, cache), cache))
+    return block.ln_2(x + _mlp(block, x))
+
+
+def _blk_no_mask(x, block, cache=None):
+    x = x + _attend(block, block.ln_1(x), None, cache)
+    return x + _mlp(block, block.ln_2(x))
+
+
+def _blk_residual_from_normalised(x, block, cache=None):
+    h = block.ln_1(x)
+    x = h + _attend(block, h, _mask_for(x, cache), cache)
+    h = block.ln_2(x)
+    return h + _mlp(block, h)
+
+
+def _blk_mlp_first(x, block, cache=None):
+    mask = _mask_for(x, cache)
+    x = x + _mlp(block, block.ln_2(x))
+    return x + _attend(block, block.ln_1(x), mask, cache)
+
+
+def _blk_one_norm(x, block, cache=None):
+    x = x + _attend(block, block.ln_1(x), _mask_for(x, cache), cache)
+    return x + _mlp(block, block.ln_1(x))
+
+
+def _blk_mlp_reads_input(x, block, cache=None):
+    attended = _attend(block, block.ln_1(x), _mask_for(x, cache), cache)
+    return x + attended + _mlp(block, block.ln_2(x))
+
+
+def _blk_cache_ignored(x, block, cache=None):
+    x = x + _attend(block, block.ln_1(x), _mask_for(x, None), None)
+    return x + _mlp(block, block.ln_2(x))
+
+
+def _blk_mask_first_rows(x, block, cache=None):
+    past = 0 if cache is None else cache.length
+    mask = causal_mask(past + x.shape[1], device=x.device)[:x.shape[1]]  # the first rows, not the new ones
+    x = x + _attend(block, block.ln_1(x), mask, cache)
+    return x + _mlp(block, block.ln_2(x))
+
+
+def _blk_no_dropout(x, block, cache=None):
+    h = block.ln_1(x)
+    x = x + block.self_attn(h, h, h, _mask_for(x, cache), cache=cache)
+    return x + block.feed_forward(block.ln_2(x))
+
+
+def _blk_dropout_on_sum(x, block, cache=None):
+    h = block.ln_1(x)
+    x = block.dropout(x + block.self_attn(h, h, h, _mask_for(x, cache), cache=cache))
+    return block.dropout(x + block.feed_forward(block.ln_2(x)))
+
+
+def _dicts(expected, actual):
+    return isinstance(expected, dict) and isinstance(actual, dict)
+
+
+def _block_sees_future(case, expected, actual):
+    return _dicts(expected, actual) and expected.get(SEES_FUTURE) is False and actual.get(SEES_FUTURE) is True
+
+
+def _cache_not_extended(case, expected, actual):
+    if not _dicts(expected, actual) or "cached keys" not in expected:
+        return False
+    keys = actual.get("cached keys")
+    return not isinstance(keys, torch.Tensor) or keys.shape != expected["cached keys"].shape
+
+
+def _shift_not_carried(case, expected, actual):
+    return _dicts(expected, actual) and expected.get(CARRIED) is True and actual.get(CARRIED) is False
+
+
+def _output_normalised(case, expected, actual):
+    """Post-norm's trait: every output row is a LayerNorm's output (mean beta, spread gamma)."""
+    if not _dicts(expected, actual):
+        return False
+    e, a = expected.get("output"), actual.get("output")
+    if not (isinstance(a, torch.Tensor) and isinstance(e, torch.Tensor) and a.shape == e.shape
+            and a.is_floating_point()):
+        return False
+    block = case.args[1].build()
+
+    def normalised(t, norm):
+        z = (t.double() - norm.beta.double()) / norm.gamma.double()
+        return bool(((z.mean(-1).abs() < 1e-4) & ((z.var(-1, unbiased=False) - 1).abs() < 1e-2)).all())
+
+    return any(normalised(a, n) and not normalised(e, n) for n in (block.ln_1, block.ln_2))
+
+
+check_gpt_block = Checker(
+    name="gpt_block",
+    reference=gpt_block,
+    make_cases=_block_cases,
+    invoke=_invoke_block,
+    rtol=1e-6,
+    atol=1e-8,
+    mistakes=[
+        Mistake("post-norm: the LayerNorm applied to the residual sum, as in GPT-1 and the original Transformer",
+                "GPT-2 is pre-norm: normalise the *input* of each sub-block and add the sub-block's output to the "
+                "un-normalised x, x + attention(ln_1(x)), then x + MLP(ln_2(x)).", _blk_post_norm),
+        Mistake("no causal mask: every position attends to the positions after it too",
+                "Pass block.self_attn a causal mask: causal_mask(past + seq), its last seq rows.", _blk_no_mask),
+        Mistake("the residual added to the normalised x (h + attention(h) with h = ln_1(x)) instead of to x",
+                "Keep the residual stream un-normalised: x + attention(ln_1(x)), where the sum starts from x "
+                "itself.", _blk_residual_from_normalised),
+        Mistake("the MLP sub-block before the attention sub-block",
+                "Attention first (positions exchange information), then the MLP (each position on its own).",
+                _blk_mlp_first),
+        Mistake("one LayerNorm (ln_1) used for both sub-blocks",
+                "Each sub-block has its own LayerNorm: ln_1 before the attention, ln_2 before the MLP.", _blk_one_norm),
+        Mistake("the MLP fed from the block's input x instead of the attention sub-block's output",
+                "The two sub-blocks run one after the other: update x with the attention's output, then normalise "
+                "that new x for the MLP.", _blk_mlp_reads_input),
+        Mistake("the cache ignored: the new positions attend only to each other and the cache is left as it was",
+                "Pass the cache to the attention, block.self_attn(h, h, h, mask, cache=cache): it appends the new "
+                "keys and values and attends over all of them; the mask is then [seq, past + seq].",
+                _blk_cache_ignored),
+        Mistake("the first rows of the causal mask instead of its last ones: with a cache, the new positions are "
+                "past .. past + seq - 1",
+                "Build causal_mask(past + seq) and keep its rows past onwards, [past:], one row per new position.",
+                _blk_mask_first_rows),
+        Mistake("block.dropout left out",
+                "GPT-2 drops out each sub-block's output before adding it to x: x + block.dropout(attention ...), "
+                "x + block.dropout(MLP ...). It is the identity when dropout is 0, but not in every model.",
+                _blk_no_dropout),
+        Mistake("block.dropout applied to the sum x + sub-block instead of to the sub-block's output",
+                "Drop out only what the sub-block adds: x + block.dropout(sub-block output); the residual path "
+                "stays untouched.", _blk_dropout_on_sum),
+    ],
+    properties=[
+        Property(f"{SEES_FUTURE} (the attention is not causal)",
+                 "Pass a causal mask to block.self_attn, True where a position may attend: itself and the "
+                 "positions before it.", _block_sees_future),
+        Property("a cache that does not end up holding the cached and the new positions",
+                 "Give the attention the cache, cache=cache: it appends the new keys and values itself. Read "
+                 "cache.length before that call, for the mask.", _cache_not_extended),
+        Property("a residual path that does not carry x through: adding 1 to every feature of x should add 1 "
+                 "to the output, since each LayerNorm ignores it",
+                 "Start each sum from x itself, x + sub-block(LayerNorm(x)), and never normalise the sum.",
+                 _shift_not_carried),
+        Property("outputs that are LayerNorm outputs (the residual sum normalised: post-norm)",
+                 "Pre-norm: normalise each sub-block's input, and add its output to the un-normalised x.",
+                 _output_normalised),
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 2: gpt_forward(tokens, model, cache=None) -> logits, with the positions offset
+# ---------------------------------------------------------------------------------------
+
+BLOCK_CALLS = "blocks run (through block(x, cache))"
+
+
+def _invoke_forward(fn, case: Case):
+    tokens, tiny, chunks = case.args
+    model = tiny.build(forward_fn=_refuse_forward)
+    calls = [0]
+
+    def counted(x, block, cache=None):  # the model's block function, counting its calls
+        calls[0] += 1
+        return _gpt1_block(x, block, cache)
+
+    for block in model.blocks:
+        block.block_fn = counted
+    out = {"logits": fn(tokens, model)}
+    if chunks is not None:
+        cache, start, parts = model.new_cache(), 0, []
+        for n in chunks:
+            parts.append(fn(tokens[:, start:start + n], model, cache))
+            start += n
+        out["logits, chunk by chunk, with the cache"] = parts
+        out["positions in each block's cache"] = [c.length for c in cache]
+    out[BLOCK_CALLS] = calls[0]
+    return out
+
+
+def _forward_cases() -> list[Case]:
+    g = seeded(1010)
+    cases = []
+    for name, tiny, batch, seq, chunks, hidden in [
+        ("a batch of 2 windows of 6 tokens, no cache", TinyGPT(11), 2, 6, None, False),
+        ("7 tokens, then the same 7 fed 4, 1, 2 at a time with a cache", TinyGPT(12), 2, 7, (4, 1, 2), False),
+        ("5 tokens, then fed one at a time with a cache, 3 blocks", TinyGPT(13, 3), 1, 5, (1, 1, 1, 1, 1), False),
+        ("one block, 9 tokens in chunks of 3 with a cache", TinyGPT(14, 1), 3, 9, (3, 3, 3), True),
+        ("one token, no cache", TinyGPT(15), 2, 1, None, True),
+        ("12 tokens fed 5 then 7 with a cache", TinyGPT(16), 2, 12, (5, 7), True),
+    ]:
+        tokens = torch.randint(0, TINY_GPT_VOCAB, (batch, seq), generator=g)
+        cases.append(Case(name, (tokens, tiny, chunks), hidden=hidden))
+    return cases
+
+
+def _blocks(model, x, cache, which=lambda i, cache: cache[i]):
+    for i, block in enumerate(model.blocks):
+        x = block(x, None if cache is None else which(i, cache))
+    return x
+
+
+def _fwd_embed(tokens, model, cache, offset=None):
+    past = (0 if cache is None else cache[0].length) if offset is None else offset
+    return model.positions(model.token_embedding(tokens), offset=past)
+
+
+def _fwd_no_offset(tokens, model, cache=None):
+    return model.lm_head(model.ln_f(_blocks(model, _fwd_embed(tokens, model, cache, offset=0), cache)))
+
+
+def _fwd_offset_by_blocks(tokens, model, cache=None):
+    x = _fwd_embed(tokens, model, cache, offset=0 if cache is None else len(cache))
+    return model.lm_head(model.ln_f(_blocks(model, x, cache)))
+
+
+def _fwd_no_final_norm(tokens, model, cache=None):
+    return model.lm_head(_blocks(model, _fwd_embed(tokens, model, cache), cache))
+
+
+def _fwd_scaled(tokens, model, cache=None):
+    past = 0 if cache is None else cache[0].length
+    x = model.positions(model.token_embedding(tokens) * math.sqrt(model.config.d_model), offset=past)
+    return model.lm_head(model.ln_f(_blocks(model, x, cache)))
+
+
+def _fwd_tokens_twice(tokens, model, cache=None):
+    embedded = model.token_embedding(tokens)
+    x = embedded + _fwd_embed(tokens, model, cache)  # model.positions already returns embeddings + positions
+    return model.lm_head(model.ln_f(_blocks(model, x, cache)))
+
+
+def _fwd_cache_not_passed(tokens, model, cache=None):
+    x = _blocks(model, _fwd_embed(tokens, model, cache), None)
+    return model.lm_head(model.ln_f(x))
+
+
+def _fwd_first_cache_everywhere(tokens, model, cache=None):
+    x = _blocks(model, _fwd_embed(tokens, model, cache), cache, which=lambda i, cache: cache[0])
+    return model.lm_head(model.ln_f(x))
+
+
+def _fwd_norm_after_every_block(tokens, model, cache=None):
+    x = _fwd_embed(tokens, model, cache)
+    for i, block in enumerate(model.blocks):
+        x = model.ln_f(block(x, None if cache is None else cache[i]))
+    return model.lm_head(x)
+
+
+def _cache_disagrees(case, expected, actual):
+    key = "logits, chunk by chunk, with the cache"
+    if not _dicts(expected, actual) or key not in expected:
+        return False
+    try:
+        whole, parts = actual["logits"], torch.cat(list(actual[key]), dim=1)
+        return whole.shape == parts.shape and not torch.allclose(whole, parts, rtol=1e-5, atol=1e-7)
+    except Exception:
+        return False
+
+
+def _cache_lengths_wrong(case, expected, actual):
+    key = "positions in each block's cache"
+    return _dicts(expected, actual) and key in expected and actual.get(key) != expected[key]
+
+
+def _blocks_bypassed(case, expected, actual):
+    return _dicts(expected, actual) and expected.get(BLOCK_CALLS, 0) > 0 and actual.get(BLOCK_CALLS) == 0
+
+
+check_gpt_forward = Checker(
+    name="gpt_forward",
+    reference=gpt_forward,
+    make_cases=_forward_cases,
+    invoke=_invoke_forward,
+    rtol=1e-6,
+    atol=1e-8,
+    mistakes=[
+        Mistake("positions not offset by the cache: the new tokens get positions 0, 1, ... at every call",
+                "With a cache, the new tokens come after the cached ones: their first position is "
+                "cache[0].length (0 without a cache).", _fwd_no_offset),
+        Mistake("positions offset by len(cache), the number of blocks, instead of the number of cached positions",
+                "len(cache) counts the blocks; the positions already computed are cache[0].length.",
+                _fwd_offset_by_blocks),
+        Mistake("no final LayerNorm before the output layer",
+                "GPT-2 normalises the residual stream once more after the last block: model.ln_f, then "
+                "model.lm_head.", _fwd_no_final_norm),
+        Mistake("token embeddings multiplied by sqrt(d_model), as the original Transformer's embedding does",
+                "GPT-2 adds its token and position vectors as they are: no sqrt(d_model) scale.", _fwd_scaled),
+        Mistake("the token embeddings added twice: model.positions already returns embeddings + positions",
+                "model.positions(embeddings, offset) adds the position vectors to what you give it: use its output "
+                "as it is.", _fwd_tokens_twice),
+        Mistake("the cache not handed to the blocks",
+                "Run block i with cache[i], block(x, cache[i]): that is where its keys and values are kept.",
+                _fwd_cache_not_passed),
+        Mistake("every block given the first block's cache, cache[0]",
+                "Each block keeps its own keys and values: block i gets cache[i].", _fwd_first_cache_everywhere),
+        Mistake("the final LayerNorm applied after every block",
+                "model.ln_f runs once, after the last block (each block normalises its own sub-blocks' inputs).",
+                _fwd_norm_after_every_block),
+    ],
+    properties=[
+        Property("logits with the cache that differ from your own logits without it",
+                 "With a cache the new tokens sit at positions cache[0].length onwards, and block i gets cache[i]: "
+                 "then chunk by chunk gives the same logits as the whole sequence at once.", _cache_disagrees),
+        Property("caches that do not hold every position fed so far",
+                 "Hand block i its own cache, cache[i], at every call: it appends the new keys and values.",
+                 _cache_lengths_wrong),
+        Property("blocks that never ran as the model's blocks",
+                 "Run each block as block(x, cache): that runs the block function the model was built with "
+                 "(in this chapter's GPT, your gpt_block).", _blocks_bypassed),
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 3: next_token_loss(logits, tokens) -> mean nats over the predictions with a next token
 # ---------------------------------------------------------------------------------------
 
 
@@ -218,7 +724,7 @@ check_next_token_loss = Checker(
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 2: bigram_log_probs(ids, vocab_size, alpha) -> [V, V] log P(next | previous)
+# Exercise 4: bigram_log_probs(ids, vocab_size, alpha) -> [V, V] log P(next | previous)
 # ---------------------------------------------------------------------------------------
 
 
@@ -356,7 +862,7 @@ check_bigram_log_probs = Checker(
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 3: bits_per_char(loss, n_tokens, n_chars) -> float
+# Exercise 5: bits_per_char(loss, n_tokens, n_chars) -> float
 # ---------------------------------------------------------------------------------------
 
 
@@ -452,7 +958,7 @@ check_bits_per_char = Checker(
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 4: temperature_probs(logits, temperature) -> softmax(logits / T)
+# Exercise 7: temperature_probs(logits, temperature) -> softmax(logits / T)
 # ---------------------------------------------------------------------------------------
 
 
@@ -544,7 +1050,7 @@ check_temperature_probs = Checker(
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 5: top_p_filter(logits, p) -> logits outside the nucleus set to -inf
+# Exercise 8: top_p_filter(logits, p) -> logits outside the nucleus set to -inf
 # ---------------------------------------------------------------------------------------
 
 
@@ -710,34 +1216,6 @@ check_top_p_filter = Checker(
 # Exercise 6: greedy_generate(model, prompt, max_new_tokens) with the key/value cache
 # ---------------------------------------------------------------------------------------
 
-TINY_GPT_VOCAB = 13
-
-
-@dataclass(frozen=True)
-class TinyGPT:
-    """Which tiny GPT a case runs on. The checker builds it (seeded, float64, no dropout,
-    weights larger than GPT-2's initialisation so that greedy outputs vary), so the learner's
-    kernel and the grader build exactly the same model."""
-
-    seed: int
-    layers: int = 2
-
-    def __repr__(self) -> str:
-        return f"tiny GPT #{self.seed} ({self.layers} layers)"
-
-    def build(self) -> GPT:
-        config = GPTConfig(vocab_size=TINY_GPT_VOCAB, max_len=128, d_model=16, n_heads=2, n_layers=self.layers,
-                           dropout=0.0)
-        with torch.random.fork_rng(devices=[]):  # building must not move the notebook's random state
-            torch.manual_seed(self.seed)
-            model = GPT(config)
-            with torch.no_grad():
-                for p in model.parameters():
-                    if p.dim() >= 2:  # embeddings and weight matrices; LayerNorms and biases as built
-                        p.normal_(0.0, 0.5)
-        return model.double().eval()
-
-
 class _PositionCounter:
     """Counts, with a hook on the first block, how many positions the model computes in all."""
 
@@ -881,5 +1359,211 @@ check_greedy_generate = Checker(
 )
 
 
-CHECKERS = [check_next_token_loss, check_bigram_log_probs, check_bits_per_char, check_temperature_probs,
-            check_top_p_filter, check_greedy_generate]
+# ---------------------------------------------------------------------------------------
+# Exercise 9: sample(model, prompt, max_new_tokens, temperature, top_k, top_p, generator)
+# ---------------------------------------------------------------------------------------
+
+SAME_DRAWS = "the same draws when only the global random state changes"
+TWICE = "positions computed twice"
+
+
+def _invoke_sample(fn, case: Case):
+    tiny, prompt, max_new = case.args
+    settings = dict(case.kwargs)
+    seed = settings.pop("seed")
+    runs = []
+    for global_seed in (1234, 4321):  # the generator alone must decide the draws
+        model = tiny.build()
+        counter = _PositionCounter(model)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(global_seed)
+                runs.append((fn(model, prompt, max_new, generator=torch.Generator().manual_seed(seed), **settings),
+                             counter.positions))
+        finally:
+            counter.hook.remove()
+    (tokens, positions), (again, _) = runs
+    same = bool(torch.equal(tokens, again)) if isinstance(tokens, torch.Tensor) and isinstance(again, torch.Tensor) \
+        and tokens.shape == again.shape else False
+    return {"tokens": tokens, SAME_DRAWS: same, TWICE: max(0, positions - (prompt.shape[1] + max_new))}
+
+
+def _sample_cases() -> list[Case]:
+    cases = []
+    for name, seed, layers, batch, prompt_len, max_new, settings, hidden in [
+        ("T = 0.8, top-k 5", 21, 2, 3, 4, 8, dict(temperature=0.8, top_k=5, top_p=None), False),
+        ("T = 1.3, top-p 0.7", 22, 2, 2, 3, 10, dict(temperature=1.3, top_k=None, top_p=0.7), False),
+        ("T = 0.6, top-k 6 and top-p 0.8", 23, 1, 4, 2, 6, dict(temperature=0.6, top_k=6, top_p=0.8), False),
+        ("T = 1, no filter", 24, 2, 2, 5, 8, dict(temperature=1.0, top_k=None, top_p=None), False),
+        ("a prompt of 1 token, T = 1.5, top-p 0.9", 25, 2, 1, 1, 12, dict(temperature=1.5, top_k=None, top_p=0.9),
+         True),
+        ("a batch of 5, T = 0.5, top-k 3", 26, 2, 5, 3, 7, dict(temperature=0.5, top_k=3, top_p=None), True),
+        ("T = 2, top-k 8 and top-p 0.6, 3 layers", 27, 3, 2, 4, 9, dict(temperature=2.0, top_k=8, top_p=0.6), True),
+        ("one new token, T = 0.9, top-p 0.5", 28, 2, 3, 6, 1, dict(temperature=0.9, top_k=None, top_p=0.5), True),
+    ]:
+        g = seeded(1090 + seed)
+        prompt = torch.randint(0, TINY_GPT_VOCAB, (batch, prompt_len), generator=g)
+        cases.append(Case(name, (TinyGPT(seed, layers, float32=True), prompt, max_new),
+                          dict(settings, seed=seed), hidden=hidden))
+    return cases
+
+
+def _draw(scores, generator):
+    return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)  # [batch, 1]
+
+
+def _sampling_loop(choose, cached=True):
+    """A sampling loop in which `choose(logits [batch, vocab], generator) -> [batch, 1]` varies."""
+
+    def run(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None):
+        cache = model.new_cache() if cached else None
+        tokens = new = prompt
+        for _ in range(max_new_tokens):
+            logits = model(new if cached else tokens, cache)[:, -1]  # [batch, vocab]
+            new = choose(logits, temperature, top_k, top_p, generator)
+            tokens = torch.cat([tokens, new], dim=1)
+        return tokens
+
+    return run
+
+
+def _filtered(scores, top_k, top_p):
+    scores = top_k_filter(scores, top_k)
+    return top_p_filter(scores, top_p)
+
+
+def _right_choice(logits, temperature, top_k, top_p, generator):
+    return _draw(_filtered(temperature_probs(logits, temperature).log(), top_k, top_p), generator)
+
+
+def _smp_temperature_ignored(logits, temperature, top_k, top_p, generator):
+    probs = torch.softmax(logits, dim=-1) / temperature  # a constant factor: the draw renormalises it away
+    return _draw(_filtered(probs.log(), top_k, top_p), generator)
+
+
+def _smp_filters_on_probs(logits, temperature, top_k, top_p, generator):
+    probs = temperature_probs(logits, temperature)
+    return _draw(_filtered(probs, top_k, top_p), generator)  # probabilities treated as logits
+
+
+def _smp_argmax(logits, temperature, top_k, top_p, generator):
+    return _filtered(temperature_probs(logits, temperature).log(), top_k, top_p).argmax(dim=-1, keepdim=True)
+
+
+def _smp_global_rng(logits, temperature, top_k, top_p, generator):
+    return _draw(_filtered(temperature_probs(logits, temperature).log(), top_k, top_p), None)
+
+
+def _smp_temperature_after_filters(logits, temperature, top_k, top_p, generator):
+    return _draw(_filtered(logits, top_k, top_p) / temperature, generator)
+
+
+def _smp_without_prompt(model, prompt, max_new_tokens, **settings):
+    return _sampling_loop(_right_choice)(model, prompt, max_new_tokens, **settings)[:, prompt.shape[1]:]
+
+
+def _replay(case, tokens):
+    """The logits the tiny model gives before each new token of `tokens`: [batch, new, vocab]."""
+    tiny, prompt, _ = case.args
+    model = tiny.build()
+    with torch.no_grad():
+        return model(tokens[:, :-1])[:, prompt.shape[1] - 1:]
+
+
+def _new_tokens(case, actual):
+    tokens, prompt = actual.get("tokens"), case.args[1]
+    if (not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long
+            or tokens.shape[0] != prompt.shape[0] or tokens.shape[1] <= prompt.shape[1]
+            or tokens.min() < 0 or tokens.max() >= TINY_GPT_VOCAB):
+        return None
+    return tokens
+
+
+def _outside_filters(case, expected, actual):
+    tokens = _new_tokens(case, actual) if _dicts(expected, actual) else None
+    if tokens is None or (case.kwargs["top_k"] is None and case.kwargs["top_p"] is None):
+        return False
+    logits = _replay(case, tokens)  # [batch, new, vocab]
+    allowed = _filtered(logits / case.kwargs["temperature"], case.kwargs["top_k"], case.kwargs["top_p"]).isfinite()
+    drawn = tokens[:, case.args[1].shape[1]:]
+    return not bool(allowed.gather(-1, drawn[..., None]).all())
+
+
+def _always_argmax(case, expected, actual):
+    """Every draw the argmax, at steps where a draw would often have picked another token: the
+    filtered distribution's top token under 0.7, at T = 1 and at the case's T alike (a mistake in
+    the temperature must not pass for an argmax)."""
+    tokens = _new_tokens(case, actual) if _dicts(expected, actual) else None
+    if tokens is None or tokens.shape != expected["tokens"].shape:
+        return False
+    prompt_len = case.args[1].shape[1]
+    logits = _replay(case, tokens)  # [batch, new, vocab]
+    top_k, top_p = case.kwargs["top_k"], case.kwargs["top_p"]
+    top = torch.maximum(*(_filtered(logits / t, top_k, top_p).softmax(-1).amax(-1)
+                          for t in (1.0, case.kwargs["temperature"])))
+    unsure = top < 0.7  # [batch, new]
+    drawn_argmax = logits.argmax(dim=-1) == tokens[:, prompt_len:]
+    return int(unsure.sum()) >= 6 and bool(drawn_argmax[unsure].all())
+
+
+def _global_rng(case, expected, actual):
+    return _dicts(expected, actual) and expected.get(SAME_DRAWS) is True and actual.get(SAME_DRAWS) is False
+
+
+def _sample_computed_twice(case, expected, actual):
+    return _dicts(expected, actual) and isinstance(actual.get(TWICE), int) and actual[TWICE] > 0
+
+
+def _sample_prompt_missing(case, expected, actual):
+    tokens, prompt = actual.get("tokens") if isinstance(actual, dict) else None, case.args[1]
+    return (isinstance(tokens, torch.Tensor) and tokens.dim() == 2 and tokens.shape[0] == prompt.shape[0]
+            and (tokens.shape[1] < prompt.shape[1] or not torch.equal(tokens[:, :prompt.shape[1]], prompt)))
+
+
+check_sample = Checker(
+    name="sample",
+    reference=sample,
+    make_cases=_sample_cases,
+    invoke=_invoke_sample,
+    mistakes=[
+        Mistake("the temperature applied after the softmax (or not at all): dividing probabilities by T changes "
+                "nothing once the draw renormalises them",
+                "Divide the logits by T before the softmax: your temperature_probs(logits, temperature) does it.",
+                _sampling_loop(_smp_temperature_ignored)),
+        Mistake("top-k and top-p applied to probabilities instead of logits (the softmax that follows flattens them)",
+                "The filters take logits: filter log-probabilities (the log of temperature_probs), then take the "
+                "softmax of what is left.", _sampling_loop(_smp_filters_on_probs)),
+        Mistake("the argmax taken instead of a draw",
+                "Draw: torch.multinomial(probabilities, 1, generator=generator) gives [batch, 1].",
+                _sampling_loop(_smp_argmax)),
+        Mistake("draws from the global random generator instead of `generator`",
+                "Pass generator=generator to torch.multinomial, so that a seeded generator makes the samples "
+                "reproducible.", _sampling_loop(_smp_global_rng)),
+        Mistake("the temperature applied after the filters (the nucleus chosen at T = 1)",
+                "Temperature first, then top-k, then top-p: the nucleus is the smallest set with mass p *at* the "
+                "temperature you sample at.", _sampling_loop(_smp_temperature_after_filters)),
+        Mistake("no cache: the whole sequence run again at every step",
+                "Make cache = model.new_cache() before the loop; feed the prompt once, then only the newest "
+                "token, [batch, 1], with the cache.", _sampling_loop(_right_choice, cached=False)),
+        Mistake("the prompt left out of the output",
+                "Return the prompt followed by the new tokens: [batch, seq + max_new_tokens].", _smp_without_prompt),
+    ],
+    properties=[
+        Property("draws that change when only the global random state changes (the generator is not used)",
+                 "Draw with torch.multinomial(..., generator=generator).", _global_rng),
+        Property("a token drawn from outside the top-k or the nucleus",
+                 "Filter the logits (or log-probabilities) at the temperature: top_k_filter, then your top_p_filter "
+                 "when top_p is given; -inf leaves a token probability 0.", _outside_filters),
+        Property("always the most probable token: no draw",
+                 "Draw from the filtered distribution with torch.multinomial instead of taking the argmax.",
+                 _always_argmax),
+        Property("positions computed more than once", "With the cache, run the prompt once and then only the newest "
+                 "token at each step.", _sample_computed_twice),
+        Property("an output that does not start with the prompt",
+                 "Start from the prompt and append each new token.", _sample_prompt_missing),
+    ],
+)
+
+
+CHECKERS = [check_gpt_block, check_gpt_forward, check_next_token_loss, check_bigram_log_probs, check_bits_per_char,
+            check_greedy_generate, check_temperature_probs, check_top_p_filter, check_sample]
