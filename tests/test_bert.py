@@ -17,6 +17,7 @@ from transformer_lib.bert import (
     build_pair_inputs,
     load_hf_bert_state_dict,
     mask_tokens,
+    pretrain_step,
     pretraining_loss,
     special_tokens_mask,
 )
@@ -231,6 +232,26 @@ def test_pretraining_runs_and_learns_on_one_batch():
         optimiser.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_pretrain_step_with_dynamic_masking_learns():
+    """pretrain_step corrupts the batch anew at every step (RoBERTa's dynamic masking) and still learns it."""
+
+    class Vocab:
+        special_ids, mask_id = [PAD, CLS, SEP, MASK], MASK
+
+        def __len__(self):
+            return SMALL.vocab_size
+
+    torch.manual_seed(9)
+    model = BertForPreTraining(SMALL)
+    ids, segments, padding = pair_batch()
+    batch = (ids, segments, padding, torch.tensor([0, 1, 0]))
+    optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(10)
+    losses = [sum(pretrain_step(model, batch, Vocab(), mask_tokens, g, optimiser, max_grad_norm=1.0))
+              for _ in range(40)]
+    assert sum(losses[-5:]) < 0.75 * sum(losses[:5]), losses
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Chapter 09's library pieces: the apple data for BERT's tasks, and the functions the chapter's
-exercises plug into the model (embedding_sum, mlm_loss, classify_from_cls)."""
+exercises plug into the model (embedding_sum, mlm_loss, pretrain_step, classify_from_cls)."""
 
 import math
 
@@ -16,10 +16,13 @@ from transformer_lib.bert import (
     BertForSequenceClassification,
     apple_qa,
     apple_vocab,
+    build_pair_inputs,
     classify_from_cls,
     embedding_sum,
+    mask_tokens,
     mlm_loss,
     nsp_pairs,
+    pretrain_step,
     pretraining_loss,
     sense_documents,
     sense_sentences,
@@ -70,7 +73,7 @@ def test_apple_share_and_template_choice():
 def test_documents_keep_to_one_sense_and_nsp_pairs_follow_them():
     documents = sense_documents(50, sentences_per_document=3, seed=0)
     assert all(len({s.sense for s in d}) == 1 for d in documents)
-    pairs = nsp_pairs(documents, 2000, seed=1)
+    pairs = nsp_pairs([[s.words for s in d] for d in documents], 2000, seed=1)
     labels = torch.tensor([label for _, _, label in pairs])
     assert abs(labels.float().mean().item() - 0.5) < 0.05  # half IsNext, half NotNext
     successors = {}  # a sentence -> every sentence that follows it somewhere (a sentence can occur twice)
@@ -158,9 +161,7 @@ def test_classify_from_cls_is_the_sequence_classifier_and_reads_only_cls():
 
 def test_pretraining_with_the_generated_pairs_runs():
     vocab = apple_vocab()
-    from transformer_lib.bert import build_pair_inputs, mask_tokens
-
-    pairs = nsp_pairs(sense_documents(6, seed=0), 8, seed=0)
+    pairs = nsp_pairs([[s.words for s in d] for d in sense_documents(6, seed=0)], 8, seed=0)
     rows = [build_pair_inputs(vocab.encode(a), vocab.encode(b), 28, vocab.cls_id, vocab.sep_id, vocab.pad_id)
             for a, b, _ in pairs]
     ids, segments, padding = (torch.stack(c) for c in zip(*rows))
@@ -169,3 +170,56 @@ def test_pretraining_with_the_generated_pairs_runs():
     mlm, nsp = BertForPreTraining(config)(inputs, segments, padding)
     loss = pretraining_loss(mlm, nsp, labels, torch.tensor([label for _, _, label in pairs]))
     assert loss.isfinite() and mlm.shape == (8, 28, len(vocab))
+
+
+def test_nsp_pairs_take_any_sentences_and_never_pick_a_last_a_or_its_own_document():
+    documents = [[("doc", d, i) for i in range(n)] for d, n in enumerate([2, 3, 4, 2, 5])]
+    pairs = nsp_pairs(documents, 3000, seed=4)
+    assert pairs == nsp_pairs(documents, 3000, seed=4) and pairs != nsp_pairs(documents, 3000, seed=5)
+    for (_, da, ia), (_, db, ib), label in pairs:
+        assert ia < len(documents[da]) - 1  # A always has a next sentence
+        assert (db, ib) == (da, ia + 1) if label == 0 else db != da
+    assert abs(sum(label == 0 for *_, label in pairs) / len(pairs) - 0.5) < 0.03
+
+
+def _pretraining_setup(seed=0):
+    vocab = apple_vocab()
+    pairs = nsp_pairs([[s.words for s in d] for d in sense_documents(8, seed=seed)], 16, seed=seed)
+    rows = [build_pair_inputs(vocab.encode(a), vocab.encode(b), 28, vocab.cls_id, vocab.sep_id, vocab.pad_id)
+            for a, b, _ in pairs]
+    ids, segments, padding = (torch.stack(c) for c in zip(*rows))
+    batch = (ids, segments, padding, torch.tensor([label for _, _, label in pairs]))
+    config = BertConfig(vocab_size=len(vocab), max_len=32, d_model=16, n_heads=2, n_layers=1, d_ff=32, dropout=0.0)
+    torch.manual_seed(seed)
+    return vocab, batch, BertForPreTraining(config)
+
+
+def test_pretrain_step_is_one_update_on_the_corrupted_batch():
+    """Its losses are the fresh forward pass of the model before the step on the batch mask_tokens
+    corrupted with the same generator; the update is zero_grad, backward of the sum, clip, step."""
+    vocab, batch, model = _pretraining_setup()
+    twin = BertForPreTraining(model.config)
+    twin.load_state_dict(model.state_dict())
+    optimiser = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: 0.5 ** step)
+    mlm, nsp = pretrain_step(model, batch, vocab, mask_tokens, torch.Generator().manual_seed(3), optimiser,
+                             scheduler, max_grad_norm=0.01)
+    assert isinstance(mlm, float) and isinstance(nsp, float)
+    ids, segments, padding, nsp_labels = batch
+    inputs, labels = mask_tokens(ids, vocab.special_ids, vocab.mask_id, len(vocab), torch.Generator().manual_seed(3))
+    mlm_logits, nsp_logits = twin(inputs, segments, padding)
+    assert math.isclose(mlm, mlm_loss(mlm_logits, labels).item(), rel_tol=1e-6)
+    assert math.isclose(nsp, F.cross_entropy(nsp_logits, nsp_labels).item(), rel_tol=1e-6)
+    before = dict(twin.named_parameters())
+    moved = torch.cat([(p.detach() - before[n].detach()).flatten() for n, p in model.named_parameters()])
+    assert math.isclose(moved.norm().item(), 0.01, rel_tol=1e-3)  # SGD at lr 1: the clipped gradient, norm 0.01
+    assert optimiser.param_groups[0]["lr"] == 0.5
+
+
+def test_pretrain_step_learns():
+    vocab, batch, model = _pretraining_setup(seed=1)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    losses = [pretrain_step(model, batch, vocab, mask_tokens, g, optimiser, max_grad_norm=1.0) for _ in range(60)]
+    first, last = sum(map(sum, losses[:10])) / 10, sum(map(sum, losses[-10:])) / 10
+    assert last < 0.7 * first, (first, last)

@@ -3,10 +3,12 @@ written another way.
 
 tests/test_checkers.py proves that each catalogued mistake is named when it is made alone.
 Learners often make two at once (a [SEP] lost to truncation *and* an inverted padding mask,
-special tokens masked *and* the 80/10/10 rule left out): then no catalogue entry matches, and
-the properties must still name each error from a trait of the output."""
+special tokens masked *and* the 80/10/10 rule left out, gradients never cleared *and* never
+clipped): then no catalogue entry matches, and the properties must still name each error from a
+trait of the output."""
 
 import math
+import random
 
 import pytest
 import torch
@@ -70,16 +72,77 @@ def mt_batch_candidates_and_labels_from_inputs(ids, special_ids, mask_id, vocab_
                          labels_from_inputs=True)
 
 
-def ml_summed_without_log_softmax(logits, labels):
-    return F.nll_loss(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum")
+def np_labels_swapped_any_document(documents, n_pairs, seed):
+    return ch09._pairs(documents, n_pairs, seed, labels_swapped=True, any_document=True)
 
 
-def ml_per_position(logits, labels):
-    return F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
+def np_reseeded_coin_inverted(documents, n_pairs, seed):
+    return ch09._pairs(documents, n_pairs, seed, reseeded=True, coin_inverted=True)
 
 
-def ml_zero_labels_summed(logits, labels):
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).clamp(min=0), reduction="sum")
+def np_a_can_be_last(documents, n_pairs, seed):
+    # A drawn among every sentence; when it is the last, its "next" sentence is itself.
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n_pairs):
+        d = rng.randrange(len(documents))
+        i = rng.randrange(len(documents[d]))
+        if rng.random() < 0.5:
+            pairs.append((documents[d][i], documents[d][min(i + 1, len(documents[d]) - 1)], 0))
+        else:
+            other = rng.choice([j for j in range(len(documents)) if j != d])
+            pairs.append((documents[d][i], rng.choice(documents[other]), 1))
+    return pairs
+
+
+def np_biased_coin_module_random(documents, n_pairs, seed):
+    pairs = []
+    for _ in range(n_pairs):
+        d = random.randrange(len(documents))
+        i = random.randrange(len(documents[d]) - 1)
+        if random.random() < 0.8:
+            pairs.append((documents[d][i], documents[d][i + 1], 0))
+        else:
+            other = random.choice([j for j in range(len(documents)) if j != d])
+            pairs.append((documents[d][i], random.choice(documents[other]), 1))
+    return pairs
+
+
+def ps_no_zero_grad_no_clip(*args):
+    return ch09._pretrain(*args, zero_grad=False, clip=False)
+
+
+def ps_step_first_no_scheduler(*args):
+    return ch09._pretrain(*args, step_before_backward=True, scheduler_order="none")
+
+
+def ps_nsp_left_out_no_clip(*args):
+    return ch09._pretrain(*args, nsp_in_backward=False, clip=False)
+
+
+def ps_no_zero_grad_no_scheduler(*args):
+    return ch09._pretrain(*args, zero_grad=False, scheduler_order="none")
+
+
+def ps_losses_swapped_no_scheduler(*args):
+    mlm, nsp = ch09._pretrain(*args, scheduler_order="none")
+    return nsp, mlm
+
+
+def ps_encoder_frozen(model, batch, vocab, mask_tokens, generator, optimizer, scheduler, max_grad_norm):
+    # The heads trained on features computed without gradients: the encoder never learns.
+    ids, segments, padding, nsp_labels = batch
+    inputs, labels = mask_tokens(ids, vocab.special_ids, vocab.mask_id, len(vocab), generator)
+    with torch.no_grad():
+        hidden, pooled = model.bert(inputs, segments, padding)
+    mlm_logits, nsp_logits = model.mlm(hidden), model.nsp(pooled)
+    mlm = F.cross_entropy(mlm_logits.reshape(-1, mlm_logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+    nsp = F.cross_entropy(nsp_logits, nsp_labels)
+    optimizer.zero_grad()
+    (mlm + nsp).backward()
+    optimizer.step()  # and no clipping either
+    scheduler.step()
+    return mlm.item(), nsp.item()
 
 
 def cl_mean_without_tanh(hidden, pooler, classifier):
@@ -120,9 +183,17 @@ COMBINED = [
     (ch09.check_mask_tokens, mt_keep_share_and_labels_from_inputs, ["a selected fraction far from p"]),
     (ch09.check_mask_tokens, mt_batch_candidates_and_labels_from_inputs,
      ["a random replacement that is a special token"]),
-    (ch09.check_mlm_loss, ml_summed_without_log_softmax, ["a negative loss"]),
-    (ch09.check_mlm_loss, ml_per_position, ["a loss per position"]),
-    (ch09.check_mlm_loss, ml_zero_labels_summed, ["counts unselected positions"]),
+    (ch09.check_nsp_pairs, np_labels_swapped_any_document,
+     ["whose B is not the sentence right after A", "whose B comes from A's own document"]),
+    (ch09.check_nsp_pairs, np_reseeded_coin_inverted, ["every pair the same"]),
+    (ch09.check_nsp_pairs, np_a_can_be_last, ["the last sentence of its document", "not the sentence right after A"]),
+    (ch09.check_nsp_pairs, np_biased_coin_module_random, ["far from one half"]),
+    (ch09.check_pretrain_step, ps_no_zero_grad_no_clip, ["longer than the clipping allows"]),
+    (ch09.check_pretrain_step, ps_step_first_no_scheduler, ["never moved in two steps"]),
+    (ch09.check_pretrain_step, ps_nsp_left_out_no_clip, ["NSP head", "longer than the clipping allows"]),
+    (ch09.check_pretrain_step, ps_no_zero_grad_no_scheduler, ["a first step that matches"]),
+    (ch09.check_pretrain_step, ps_losses_swapped_no_scheduler, ["do not match a fresh forward pass"]),
+    (ch09.check_pretrain_step, ps_encoder_frozen, ["parameters that never moved"]),
     (ch09.check_classify_from_cls, cl_mean_without_tanh, ["depend on positions other than [CLS]"]),
     (ch09.check_classify_from_cls, cl_batch_axis_without_tanh, ["the batch axis was indexed"]),
     (ch09.check_classify_from_cls, cl_last_without_pooler,
@@ -224,10 +295,39 @@ def mt_with_a_list_of_candidates(ids, special_ids, mask_id, vocab_size, generato
     return inputs, torch.where(selected, ids, -100)
 
 
-def ml_by_hand(logits, labels):
-    keep = labels != -100  # [batch, seq]
-    log_probs = logits[keep].log_softmax(dim=-1)  # [n_selected, vocab]
-    return -log_probs.gather(1, labels[keep][:, None]).mean()
+def np_other_document_by_randrange(documents, n_pairs, seed):
+    rng = random.Random(seed)
+    pairs = []
+    while len(pairs) < n_pairs:
+        d = rng.randrange(len(documents))
+        document = documents[d]
+        i = rng.randrange(len(document) - 1)
+        if rng.random() < 0.5:
+            pairs.append([document[i], document[i + 1], 0])
+            continue
+        other = rng.randrange(len(documents) - 1)  # skip A's own document
+        if other >= d:
+            other += 1
+        sentences = documents[other]
+        pairs.append([document[i], sentences[rng.randrange(len(sentences))], 1])
+    return pairs
+
+
+def ps_by_hand(model, batch, vocab, mask_tokens, generator, optimizer, scheduler, max_grad_norm):
+    ids, segment_ids, padding_mask, is_random_next = batch
+    model.zero_grad()
+    corrupted, targets = mask_tokens(ids, vocab.special_ids, vocab.mask_id, len(vocab), generator=generator)
+    token_scores, pair_scores = model(corrupted, segment_ids, padding_mask)
+    chosen = targets != -100
+    mlm = -token_scores[chosen].log_softmax(dim=-1).gather(1, targets[chosen][:, None]).mean()
+    nsp = F.cross_entropy(pair_scores, is_random_next)
+    mlm.backward(retain_graph=True)
+    nsp.backward()
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    return [mlm.detach(), nsp.detach()]
 
 
 def cl_with_index_select(hidden, pooler, classifier):
@@ -254,7 +354,8 @@ RIGHT = [
     (ch09.check_embedding_sum, emb_with_f_embedding),
     (ch09.check_mask_tokens, mt_with_isin),
     (ch09.check_mask_tokens, mt_with_a_list_of_candidates),
-    (ch09.check_mlm_loss, ml_by_hand),
+    (ch09.check_nsp_pairs, np_other_document_by_randrange),
+    (ch09.check_pretrain_step, ps_by_hand),
     (ch09.check_classify_from_cls, cl_with_index_select),
     (ch09.check_best_span, bs_by_loops),
 ]
@@ -271,8 +372,9 @@ def test_the_pooler_itself_is_refused():
     assert not verdict.passed and "pooler.dense" in verdict.message, verdict.message
 
 
-def test_chapter_has_six_exercises_each_with_three_mistakes_and_properties():
-    assert len(ch09.CHECKERS) >= 6
+def test_chapter_has_seven_exercises_each_with_three_mistakes_and_properties():
+    assert [c.name for c in ch09.CHECKERS] == ["build_pair_inputs", "embedding_sum", "nsp_pairs", "mask_tokens",
+                                               "pretrain_step", "classify_from_cls", "best_span"]
     for checker in ch09.CHECKERS:
         assert len(checker.mistakes) >= 3, checker.name
         assert checker.properties, checker.name

@@ -6,11 +6,12 @@ the MLM corruption (mask_tokens: 15% of the ordinary tokens, then 80/10/10), the
 (embedding_sum: token + segment + position, then LayerNorm), the encoder (the library's
 post-norm EncoderLayer with GELU and LayerNorm eps 1e-12), the pooler (dense + tanh on [CLS]),
 the pre-training heads and losses (mlm_loss over the selected positions, next-sentence
-prediction), the fine-tuning heads (classify_from_cls for sentence labels, token labels, span
-question answering with best_span), practice data made from chapter 01's apple sentences (a
-vocabulary, tagged sentences, one-sense documents, NSP pairs, questions with answer spans), and
-a converter from Hugging Face's BertForPreTraining weights. Chapter 09's exercises are the plain
-functions here; the modules call them, so there is one copy of each formula.
+prediction) and one pre-training update (pretrain_step), the fine-tuning heads
+(classify_from_cls for sentence labels, token labels, span question answering with best_span),
+practice data made from chapter 01's apple sentences (a vocabulary, tagged sentences,
+one-sense documents, NSP pairs from nsp_pairs, questions with answer spans), and a converter
+from Hugging Face's BertForPreTraining weights. Chapter 09's exercises are the plain functions
+here; the modules call them, so there is one copy of each formula.
 
 Every part comes from the library: layers.EncoderLayer (with attention.MultiHeadAttention),
 layers.Encoder / LayerNorm, positional.LearnedPositionalEmbedding and add_positions.
@@ -329,6 +330,36 @@ def pretraining_loss(mlm_logits, nsp_logits, mlm_labels, nsp_labels) -> torch.Te
     return mlm_loss(mlm_logits, mlm_labels) + nn.functional.cross_entropy(nsp_logits, nsp_labels)
 
 
+def pretrain_step(model: BertForPreTraining, batch, vocab, mask_tokens, generator: torch.Generator | None,
+                  optimizer: torch.optim.Optimizer, scheduler=None, max_grad_norm: float | None = None):
+    """One pre-training update of a BertForPreTraining; returns (mlm_loss, nsp_loss) as floats.
+
+    batch: (ids, segment_ids, padding_mask, nsp_labels), [batch, seq] three times and [batch].
+    vocab: what the corruption needs, vocab.special_ids, vocab.mask_id and len(vocab) (a WordVocab).
+    mask_tokens: the corruption, mask_tokens' signature (chapter 09 passes the learner's); it is
+    called with `generator` on every step, so a batch seen twice gets a new mask each time
+    (RoBERTa's dynamic masking).
+
+    The order is chapter 07's train_step: corrupt, forward on the corrupted ids, the two losses
+    (MLM over the selected positions only, NSP on every pair), clear the old gradients, backward
+    on their sum, clip the gradient's norm (before the step, or it protects nothing), step the
+    optimizer, then the scheduler.
+    """
+    ids, segment_ids, padding_mask, nsp_labels = batch
+    inputs, labels = mask_tokens(ids, vocab.special_ids, vocab.mask_id, len(vocab), generator)
+    mlm_logits, nsp_logits = model(inputs, segment_ids, padding_mask)  # [batch, seq, vocab], [batch, 2]
+    mlm = mlm_loss(mlm_logits, labels)
+    nsp = nn.functional.cross_entropy(nsp_logits, nsp_labels)
+    optimizer.zero_grad(set_to_none=True)
+    (mlm + nsp).backward()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    return mlm.item(), nsp.item()
+
+
 # ---------------------------------------------------------------------------------------
 # Fine-tuning heads: one small layer on top of the pre-trained encoder
 # ---------------------------------------------------------------------------------------
@@ -538,25 +569,32 @@ def sense_documents(n_documents: int, sentences_per_document: int = 3, seed: int
             for d in range(n_documents)]
 
 
-def nsp_pairs(documents: Sequence[Sequence[SenseSentence]], n_pairs: int, seed: int = 0):
+def nsp_pairs(documents: Sequence[Sequence], n_pairs: int, seed: int = 0) -> list[tuple]:
     """BERT's sentence pairs for next-sentence prediction (Devlin et al., 2019, section 3.1, task 2).
 
-    A is a sentence of a document; half the time B is the sentence after it (label 0, IsNext),
-    otherwise a sentence of a random other document (label 1, NotNext). Returns a list of
-    (words_a, words_b, label)."""
-    if any(len(d) < 2 for d in documents) or len(documents) < 2:
+    documents: a list of documents, each a list of at least two sentences (any objects: chapter
+    09 passes lists of words). A is a sentence of a random document, never its last one; half the
+    time B is the sentence after it (label 0, IsNext), otherwise a random sentence of a random
+    *other* document (label 1, NotNext). Returns n_pairs tuples (a, b, label).
+
+    All randomness comes from random.Random(seed), drawn in a fixed order for each pair: the
+    document (randrange), the sentence A within it (randrange over all but the last), the coin
+    (random() < 0.5 is IsNext), and for NotNext the other document (choice among the others)
+    and its sentence (choice), so the same seed gives the same pairs.
+    """
+    if len(documents) < 2 or any(len(d) < 2 for d in documents):
         raise ValueError("nsp_pairs needs at least two documents of at least two sentences each")
     rng = random.Random(seed)
     pairs = []
     for _ in range(n_pairs):
         d = rng.randrange(len(documents))
-        i = rng.randrange(len(documents[d]) - 1)
+        i = rng.randrange(len(documents[d]) - 1)  # A is never the last sentence: it must have a next one
         a = documents[d][i]
         if rng.random() < 0.5:
-            pairs.append((a.words, documents[d][i + 1].words, 0))
+            pairs.append((a, documents[d][i + 1], 0))
         else:
-            other = rng.choice([j for j in range(len(documents)) if j != d])
-            pairs.append((a.words, rng.choice(documents[other]).words, 1))
+            other = rng.choice([j for j in range(len(documents)) if j != d])  # never A's own document
+            pairs.append((a, rng.choice(documents[other]), 1))
     return pairs
 
 
@@ -674,7 +712,7 @@ def bert_config_from_hf(hf_config) -> BertConfig:
 __all__ = [
     "BertConfig", "IGNORE_INDEX", "build_pair_inputs", "special_tokens_mask", "mask_tokens", "embedding_sum",
     "BertEmbeddings", "BertLayer", "BertPooler", "Bert", "MLMHead", "BertForPreTraining", "mlm_loss",
-    "pretraining_loss", "classify_from_cls",
+    "pretraining_loss", "pretrain_step", "classify_from_cls",
     "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering", "best_span",
     "SPECIAL_TOKENS", "SENSES", "TAGS", "WordVocab", "apple_vocab", "SenseSentence", "apple_sentence",
     "sense_sentences", "sense_documents", "nsp_pairs", "QAExample", "apple_qa",

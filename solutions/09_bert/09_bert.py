@@ -31,22 +31,26 @@
 # 3. **The input**: `[CLS] A [SEP] B [SEP]`, segment ids and padding. *Exercise 1: `build_pair_inputs`.*
 # 4. **The embeddings**: token + segment + position. *Exercise 2: `embedding_sum`.*
 # 5. **A corpus where context decides the meaning**: chapter 01's apple sentences, with labels.
-# 6. **Masked language modelling**: 15%, then 80/10/10. *Exercise 3: `mask_tokens`.*
-# 7. **The MLM loss**, on the selected positions only. *Exercise 4: `mlm_loss`.*
-# 8. **Next-sentence prediction**, and why later models dropped it.
-# 9. **Pre-training a small BERT** with your functions; its `[MASK]` accuracy against a baseline.
+# 6. **Next-sentence prediction**: sentence pairs, half of them true, and why later models dropped the task.
+#    *Exercise 3: `nsp_pairs`.*
+# 7. **Masked language modelling**: 15%, then 80/10/10. *Exercise 4: `mask_tokens`.*
+# 8. **The MLM loss**, on the selected positions only: the −100 labels.
+# 9. **Pre-training a small BERT** with your functions, one step at a time; its `[MASK]` accuracy against a
+#    baseline. *Exercise 5: `pretrain_step`.*
 # 10. **One word, two vectors**: what pre-training did to *apple*.
 # 11. **Fine-tuning for a sentence label**: the sense of *apple*, pre-trained vs from scratch.
-#     *Exercise 5: `classify_from_cls`.*
+#     *Exercise 6: `classify_from_cls`.*
 # 12. **Fine-tuning for a label per token**.
-# 13. **Fine-tuning for span question answering**. *Exercise 6: `best_span`.*
+# 13. **Fine-tuning for span question answering**. *Exercise 7: `best_span`.*
 #
-# Six exercises are autograded. Everything trains on one CPU thread in under a minute, and the model is
-# pre-trained **with your functions** once they pass their checks.
+# Seven exercises are autograded; they take about 135 minutes in all. Everything trains on one CPU thread in
+# under a minute, and the model is pre-trained **with your functions** once they pass their checks: your inputs,
+# your embedding sum, your sentence pairs, your masking and your training step.
 
 # %%
 import copy
 import math
+import random
 import time
 
 import matplotlib.pyplot as plt
@@ -67,19 +71,19 @@ from transformer_lib.bert import (
     BertForTokenClassification,
     apple_qa,
     apple_vocab,
-    nsp_pairs,
     sense_documents,
     sense_sentences,
     special_tokens_mask,
 )
-from transformer_lib.checks import exercise_summary, yours_or_reference
+from transformer_lib.checks import exercise_summary, model_calls, yours_or_reference
 from transformer_lib.checks.ch09 import (
     check_best_span,
     check_build_pair_inputs,
     check_classify_from_cls,
     check_embedding_sum,
     check_mask_tokens,
-    check_mlm_loss,
+    check_nsp_pairs,
+    check_pretrain_step,
 )
 from transformer_lib.claims import claim
 from transformer_lib.corpus import COMPANIES, FRUITS
@@ -245,7 +249,7 @@ del model
 
 # %% [markdown]
 # ### Exercise 1 — `build_pair_inputs`
-# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
+# > **Difficulty** ●●○ · **Importance** ●●● · about 20 minutes
 #
 # Write `build_pair_inputs(tokens_a, tokens_b, max_len, cls_id, sep_id, pad_id)`:
 #
@@ -262,14 +266,15 @@ del model
 # `[True] * 8 + [False] * 2`. With `max_len=7` the pair keeps `[11, 12]` and `[21, 22]`.
 #
 # <details><summary>Hint 1 — the idea</summary>Truncate first, assemble second. If you assemble the full input and
-# cut it at <code>max_len</code>, the cut falls on the last <code>[SEP]</code> (and on B). Work on Python lists, and
-# turn them into tensors at the very end.</details>
-# <details><summary>Hint 2 — the plan</summary>Copy the two lists (never modify the caller's). The room for real
-# tokens is <code>max_len - 3</code> (or <code>- 2</code>); a loop <code>while len(a) + len(b) > room:</code> pops the
-# last token of the longer list (B when they are equal). Then build three lists side by side: ids
-# <code>[cls_id] + a + [sep_id] + b + [sep_id]</code>, segments (as many 0s as the first part, 1s for the second),
-# padding True; extend each to <code>max_len</code>; <code>torch.tensor</code> each (a list of bools gives a
-# BoolTensor).</details>
+# cut it at <code>max_len</code>, the cut falls on the last <code>[SEP]</code> (and on B). Work on copies of the two
+# lists as plain Python lists (never change the caller's), and turn them into tensors at the very end.</details>
+# <details><summary>Hint 2 — the plan</summary>The room for real tokens is <code>max_len</code> minus the number of
+# special tokens: 3 for a pair, 2 for one sentence. A loop shortens the pair one token at a time, always the longer
+# list, until both fit in the room together. Then three Python lists of the same length, side by side: the ids,
+# the segments (0 up to and including A's <code>[SEP]</code>, 1 after it) and the mask (True); extend each with its
+# padding value up to <code>max_len</code>. A list of Python bools becomes a BoolTensor.</details>
+# <details><summary>Hint 3 — one key expression</summary>The body of the truncation loop:
+# <code>(a if len(a) > len(b) else b).pop()</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "build_pair_inputs", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def build_pair_inputs(tokens_a, tokens_b, max_len, cls_id, sep_id, pad_id):
@@ -322,7 +327,7 @@ for token, segment, real in zip(vocab.decode(pair[0]), pair[1].tolist(), pair[2]
 # Each position's input vector is the sum of three learned vectors: the **token** embedding (what the word is),
 # the **segment** embedding (sentence A or B), and the **position** embedding (where it stands, learned as in
 # chapter 04, one row per position up to 512). The picture shows the input and the two pre-training heads on
-# top, which sections 6 to 8 build.
+# top, which sections 6 to 9 build.
 
 # %%
 fig = draw_bert_input()
@@ -383,7 +388,7 @@ claim(closeness_to_token(as_initialised) < 0.8 and closeness_to_token(token_time
 
 # %% [markdown]
 # ### Exercise 2 — `embedding_sum`
-# > **Difficulty** ●○○ · **Importance** ●●○ · about 5 minutes
+# > **Difficulty** ●○○ · **Importance** ●●○ · about 10 minutes
 #
 # Write `embedding_sum(ids, segment_ids, token_table, segment_table, position_table)`:
 #
@@ -399,12 +404,14 @@ claim(closeness_to_token(as_initialised) < 0.8 and closeness_to_token(token_time
 # segment_table[0] + position_table[0]` and `token_table[5] + segment_table[1] + position_table[1]`: the same word,
 # two different vectors.
 #
-# <details><summary>Hint 1 — the idea</summary>Indexing a table with a tensor of ids looks up one row per id:
-# <code>table[ids]</code> has the shape of <code>ids</code> followed by <code>d_model</code>. Do it for the tokens
-# and the segments; the positions do not depend on the ids at all.</details>
-# <details><summary>Hint 2 — the plan</summary>Three <code>[.., d_model]</code> terms: <code>token_table[ids]</code>
-# and <code>segment_table[segment_ids]</code> are <code>[batch, seq, d_model]</code>; the first <code>seq</code> rows
-# of the position table are <code>[seq, d_model]</code> and broadcast over the batch. Add them.</details>
+# <details><summary>Hint 1 — the idea</summary>Indexing a table with a tensor of ids looks up one row per id: the
+# result has the shape of the ids followed by <code>d_model</code>. The tokens and the segments are looked up that
+# way; the positions do not depend on the ids at all, only on where each token stands.</details>
+# <details><summary>Hint 2 — the plan</summary>Three terms: the token rows <code>[batch, seq, d_model]</code>, the
+# segment rows <code>[batch, seq, d_model]</code>, and the first <code>seq</code> rows of the position table,
+# <code>[seq, d_model]</code>, which broadcast over the batch. Add them: no loop.</details>
+# <details><summary>Hint 3 — one key expression</summary>The positions' term:
+# <code>position_table[:ids.shape[1]]</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "embedding_sum", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def embedding_sum(ids, segment_ids, token_table, segment_table, position_table):
@@ -456,12 +463,125 @@ for sentence in documents[1]:
         f"{w}/{t}" if t != "O" else w for w, t in zip(sentence.words, sentence.tags)))
 
 # %% [markdown]
-# ## 6. Masked language modelling: 15%, then 80/10/10
+# ## 6. Next-sentence prediction: pairs, half of them true
 #
-# Devlin et al. (section 3.1) choose **15%** of the tokens at random, never a special one, and ask the model to
-# predict the original token at each chosen position. Replacing every chosen token by `[MASK]` has a flaw: `[MASK]`
-# never occurs in fine-tuning, so the model would learn features for a situation it never meets again, and nothing
-# would make it keep good vectors for the tokens it *can* see. So a chosen token is
+# Some tasks are about two pieces of text: does this answer fit this question, does this sentence follow from that
+# one? Devlin et al. (section 3.1, task 2) add a second pre-training task for them. Each input is a pair A, B: half
+# the time B is the sentence that follows A in the text (label 0, *IsNext*), otherwise a random sentence from
+# another document (label 1, *NotNext*). A small head reads the pooled `[CLS]` state (a dense layer and tanh, the
+# *pooler*) and says which. The pairs cost nothing to make, and no one has to label them: the text itself says
+# which sentence comes next.
+
+# %% [markdown]
+# ### Exercise 3 — `nsp_pairs`
+# > **Difficulty** ●●○ · **Importance** ●●○ · about 20 minutes
+#
+# Write `nsp_pairs(documents, n_pairs, seed)`:
+#
+# * `documents`: a list of at least two documents, each a list of at least two sentences (here a sentence is a
+#   list of words, but your function never looks inside one);
+# * returns a list of `n_pairs` tuples `(a, b, label)`. `a` is a sentence of a document, **never its last** one
+#   (it must have a next sentence). Label 0, *IsNext*: `b` is the sentence right after `a` in the same document.
+#   Label 1, *NotNext*: `b` is a random sentence of a random **other** document.
+#
+# So that a seed gives the same pairs as the reference, take every random number from one `random.Random(seed)`,
+# made once, and for each pair draw in this order:
+#
+# 1. A's document: `randrange` over the number of documents;
+# 2. A's place in it: `randrange` over the indices of all its sentences but the last;
+# 3. a coin, `random()`: below 0.5 the pair is IsNext, otherwise NotNext;
+# 4. for NotNext only, two more draws: the other document, with `choice` from the list of the indices of every
+#    document but A's, in increasing order; then B, with `choice` from that document's sentences.
+#
+# Worked example, with sentences written as single strings for short:
+# `nsp_pairs([["a0", "a1"], ["b0", "b1", "b2"]], 4, seed=0)` returns
+# `[("b1", "b2", 0), ("b1", "a1", 1), ("b0", "a0", 1), ("a0", "b1", 1)]`.
+#
+# <details><summary>Hint 1 — the idea</summary>A pair is three decisions: which sentence is A, which way a fair coin
+# falls, and which sentence the coin makes B. Only one of the two branches needs more randomness; the IsNext
+# branch knows its B already.</details>
+# <details><summary>Hint 2 — the plan</summary>One generator for the whole list, made before the loop (made inside,
+# it would repeat the same pair). In the loop: two index draws give the document <code>d</code> and the position
+# <code>i</code> of A; the coin picks the branch; IsNext takes the sentence at <code>i + 1</code> of the same
+# document; NotNext draws the other document among every document but A's (one fewer than there are), then one
+# of its sentences. Append one tuple per pair.</details>
+# <details><summary>Hint 3 — one key expression</summary>A's position, which keeps the last sentence out:
+# <code>rng.randrange(len(documents[d]) - 1)</code>.</details>
+
+# %% nbgrader={"grade": false, "grade_id": "nsp_pairs", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def nsp_pairs(documents, n_pairs, seed):
+    """n_pairs tuples (a, b, label): label 0 when b follows a in its document, 1 when b is from another document."""
+    ### BEGIN SOLUTION
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n_pairs):
+        d = rng.randrange(len(documents))
+        i = rng.randrange(len(documents[d]) - 1)  # never the last sentence: A needs a next one
+        if rng.random() < 0.5:
+            pairs.append((documents[d][i], documents[d][i + 1], 0))  # IsNext
+        else:
+            other = rng.choice([j for j in range(len(documents)) if j != d])  # never A's own document
+            pairs.append((documents[d][i], rng.choice(documents[other]), 1))  # NotNext
+    return pairs
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "nsp_pairs_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_nsp_pairs(nsp_pairs)
+### BEGIN HIDDEN TESTS
+check_nsp_pairs(nsp_pairs, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+nsp_pairs_impl = yours_or_reference(nsp_pairs, check_nsp_pairs)
+
+# %% [markdown]
+# The corpus as BERT inputs. `nsp_pairs_impl` makes 4,000 sentence pairs from the 400 documents of section 5 (their
+# sentences as lists of words), and `build_pair_inputs_impl` turns each pair into ids 28 positions long (the longest
+# pair has 25 tokens, so nothing is truncated). Two pairs of each kind:
+
+# %%
+MAX_LEN = 28
+
+
+def encode_pairs(pairs):
+    """(words_a, words_b, label) triples -> ids, segments, padding [n, MAX_LEN] and the NSP labels [n]."""
+    rows = [build_pair_inputs_impl(vocab.encode(a), vocab.encode(b), MAX_LEN, vocab.cls_id, vocab.sep_id,
+                                   vocab.pad_id) for a, b, _ in pairs]
+    ids, segments, padding = (torch.stack(column) for column in zip(*rows))
+    return ids, segments, padding, torch.tensor([label for _, _, label in pairs])
+
+
+def word_documents(documents):
+    """Documents of SenseSentence -> documents of lists of words, what nsp_pairs works on."""
+    return [[sentence.words for sentence in document] for document in documents]
+
+
+train_pairs = nsp_pairs_impl(word_documents(documents), 4000, seed=1)
+pair_ids, pair_segments, pair_padding, pair_nsp = encode_pairs(train_pairs)
+print(f"pairs: {list(pair_ids.shape)}; longest pair: {int(pair_padding.sum(1).max())} tokens; "
+      f"IsNext: {int((pair_nsp == 0).sum()):,}, NotNext: {int((pair_nsp == 1).sum()):,}")
+examples = [p for p in train_pairs if p[2] == 0][:2] + [p for p in train_pairs if p[2] == 1][:2]
+for a, b, label in examples:
+    print(f"{['IsNext ', 'NotNext'][label]}  A: {' '.join(a)}\n          B: {' '.join(b)}")
+
+# %% [markdown]
+# Whether NSP helps has been questioned since. Liu et al. ("RoBERTa: A Robustly Optimized BERT Pretraining
+# Approach", 2019) pre-trained without NSP, on inputs of contiguous full sentences, and matched or slightly
+# improved the downstream results; BERT's own ablation had found a loss when NSP was removed. Lan et al.
+# (ALBERT, 2020) argued that NSP is mostly solved by **topic**: a random sentence from another document is usually
+# about something else. Our documents make that explicit: consecutive sentences share their sense and nothing
+# else, so a model can only tell *IsNext* from *NotNext* by the topic. A *NotNext* B about the same sense looks
+# exactly like a next sentence, and since half of the random Bs share A's sense, no model can expect more than
+# $0.5 + 0.5 \times 0.5 = 75\%$ on our pairs (a given sample of pairs can hold a little more or less).
+
+# %% [markdown]
+# ## 7. Masked language modelling: 15%, then 80/10/10
+#
+# Devlin et al. (section 3.1, task 1) choose **15%** of the tokens at random, never a special one, and ask the model
+# to predict the original token at each chosen position. Replacing every chosen token by `[MASK]` has a flaw:
+# `[MASK]` never occurs in fine-tuning, so the model would learn features for a situation it never meets again, and
+# nothing would make it keep good vectors for the tokens it *can* see. So a chosen token is
 #
 # * replaced by `[MASK]` 80% of the time,
 # * replaced by a **random** token 10% of the time,
@@ -473,12 +593,12 @@ for sentence in documents[1]:
 # noticeably worse when BERT's vectors were used as fixed features, without fine-tuning. The rate stays low so
 # that most of the context remains visible.
 #
-# The labels have the shape of the input: the original id where a token was chosen and **−100** elsewhere, the
-# value PyTorch's `cross_entropy` skips by default (`ignore_index=-100`).
+# The labels have the shape of the input: the original id where a token was chosen and **−100** elsewhere
+# (section 8 says why −100).
 
 # %% [markdown]
-# ### Exercise 3 — `mask_tokens`
-# > **Difficulty** ●●○ · **Importance** ●●● · about 15 minutes
+# ### Exercise 4 — `mask_tokens`
+# > **Difficulty** ●●● · **Importance** ●●● · about 25 minutes
 #
 # Write `mask_tokens(ids, special_ids, mask_id, vocab_size, generator, p=0.15)` returning `(inputs, labels)`:
 #
@@ -492,8 +612,9 @@ for sentence in documents[1]:
 #
 # 1. `torch.rand(ids.shape, generator=generator)`: a position is **selected** when its number is `< p` and its
 #    token is not one of `special_ids`;
-# 2. `torch.rand(ids.shape, generator=generator)`: call it `action`. A selected position becomes `mask_id` when
-#    `action < 0.8`, a random token when `0.8 <= action < 0.9`, and stays as it is otherwise;
+# 2. another `torch.rand` of the same shape, from the same generator: call it `action`. A selected position
+#    becomes `mask_id` when `action < 0.8`, a random token when `0.8 <= action < 0.9`, and stays as it is
+#    otherwise;
 # 3. `torch.randint(len(candidates), ids.shape, generator=generator)`: indices into `candidates`, the 1-D tensor
 #    of the ids a random token may take, in increasing order: every id in `range(vocab_size)` except `mask_id` and
 #    the `special_ids`. The candidates depend on the vocabulary only, never on the batch: a batch that happens to
@@ -504,17 +625,19 @@ for sentence in documents[1]:
 # Worked example: with `p = 1.0` and no special tokens in `ids`, every position is selected, `labels` equals `ids`,
 # and about 80% of `inputs` is `mask_id`.
 #
-# <details><summary>Hint 1 — the idea</summary>Compute boolean tensors, then combine them with
-# <code>torch.where</code>: the special positions (<code>torch.isin</code>), <code>selected</code>, then
-# <code>to_mask = selected & (action &lt; 0.8)</code> and a similar <code>to_random</code>. The labels need only
-# <code>selected</code> and the original <code>ids</code>.</details>
-# <details><summary>Hint 2 — the plan</summary>(1) <code>special = torch.isin(ids, torch.tensor(special_ids))</code>
-# and <code>selected</code>: bool, shape of ids. (2) <code>labels = ids.masked_fill(~selected, -100)</code>. (3)
-# <code>action</code>, then <code>to_mask</code> and <code>to_random</code>. (4) <code>candidates</code>: start from
-# <code>torch.ones(vocab_size, dtype=torch.bool)</code>, set the entries of <code>special_ids</code> and of
-# <code>mask_id</code> to False, and keep the indices of the True entries (<code>.nonzero().squeeze(-1)</code>:
-# <code>[n_allowed]</code>). (5) the third draw picks one candidate per position: <code>candidates[picks]</code>
-# has the shape of ids. (6) two <code>torch.where</code>: first the masks, then the random tokens.</details>
+# <details><summary>Hint 1 — the idea</summary>Answer one yes/no question per position with a boolean tensor of the
+# shape of <code>ids</code>: is the token special? is it selected? is it to become <code>[MASK]</code>? a random
+# token? The inputs are then the ids with two replacements, and the labels need only the ids and the
+# selection.</details>
+# <details><summary>Hint 2 — the plan</summary>The special positions: <code>torch.isin</code> tests every entry
+# against a list of values. With the first draw they give the selection; the labels keep the ids where selected
+# and −100 elsewhere (<code>masked_fill</code>). The second draw splits the selection three ways at 0.8 and 0.9.
+# The candidates: a boolean vector of length <code>vocab_size</code>, all True, with the special ids and
+# <code>mask_id</code> switched off; the indices of what stays True, <code>[n_allowed]</code>. The third draw
+# indexes into the candidates: one random id per position, the shape of <code>ids</code>. Last, two
+# <code>torch.where</code>: <code>mask_id</code> where to mask, then the random ids where to randomise.</details>
+# <details><summary>Hint 3 — one key expression</summary>The random ids, one per position:
+# <code>candidates[torch.randint(len(candidates), ids.shape, generator=generator)]</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "mask_tokens", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def mask_tokens(ids, special_ids, mask_id, vocab_size, generator, p=0.15):
@@ -547,27 +670,10 @@ check_mask_tokens(mask_tokens, hidden=True)
 mask_tokens_impl = yours_or_reference(mask_tokens, check_mask_tokens)
 
 # %% [markdown]
-# The corpus as BERT inputs. `nsp_pairs` (section 8) makes 4,000 sentence pairs from the 400 documents; we turn each
-# into ids with `build_pair_inputs_impl`, 28 positions long (the longest pair has 25 tokens, so nothing is
-# truncated), and corrupt all of them once with `mask_tokens_impl` to see the statistics:
+# All 4,000 pairs of section 6, corrupted once with `mask_tokens_impl` to see the statistics:
 
 # %%
-MAX_LEN = 28
-
-
-def encode_pairs(pairs):
-    """(words_a, words_b, label) triples -> ids, segments, padding [n, MAX_LEN] and the NSP labels [n]."""
-    rows = [build_pair_inputs_impl(vocab.encode(a), vocab.encode(b), MAX_LEN, vocab.cls_id, vocab.sep_id,
-                                   vocab.pad_id) for a, b, _ in pairs]
-    ids, segments, padding = (torch.stack(column) for column in zip(*rows))
-    return ids, segments, padding, torch.tensor([label for _, _, label in pairs])
-
-
-train_pairs = nsp_pairs(documents, 4000, seed=1)
-pair_ids, pair_segments, pair_padding, pair_nsp = encode_pairs(train_pairs)
 pair_special = special_tokens_mask(pair_ids, vocab.special_ids)  # [4000, 28]: [CLS], [SEP], [PAD]
-print(f"pairs: {list(pair_ids.shape)}; longest pair: {int(pair_padding.sum(1).max())} tokens")
-
 inputs, labels = mask_tokens_impl(pair_ids, vocab.special_ids, vocab.mask_id, len(vocab),
                                   torch.Generator().manual_seed(2))
 selected = labels != -100
@@ -599,101 +705,48 @@ print(f"special ids drawn as random tokens: {special_random_tokens(pair_ids, inp
 # the candidates leave out every special id, whichever of them the batch happens to contain.
 
 # %% [markdown]
-# ## 7. The loss: on the selected positions only
+# ## 8. The loss: on the selected positions only
 #
 # The MLM head turns each final state into scores over the vocabulary, `[batch, seq, vocab]`. The loss is the
 # cross-entropy at the **selected** positions, averaged over those positions. The others carry no information
 # about what was hidden: counting them would train the model to copy its input, and dividing by their number
 # would make the loss depend on how much of the batch is padding.
-
-# %% [markdown]
-# ### Exercise 4 — `mlm_loss`
-# > **Difficulty** ●○○ · **Importance** ●●● · about 5 minutes
 #
-# Write `mlm_loss(logits, labels)`: `logits` `[batch, seq, vocab]` (float), `labels` `[batch, seq]` (long, −100 at
-# unselected positions). Return a scalar tensor: the mean over the selected positions of $-\log
-# \mathrm{softmax}(\text{logits})[\text{label}]$.
+# No new function is needed for it, and this is where the −100 comes in. PyTorch's `F.cross_entropy` wants the
+# classes on the second axis, so the scores are flattened to `[batch · seq, vocab]` and the labels to
+# `[batch · seq]`; it then skips every row whose label equals its `ignore_index` argument, which is −100 unless you
+# say otherwise. A skipped row counts neither in the sum nor in the number the mean divides by. So the labels that
+# `mask_tokens` returns say by themselves where the loss is taken: nothing else has to travel with them. The same
+# convention marks the special tokens and the padding in the token-classification labels of section 12, and
+# Hugging Face's models expect it in their labels. (The library's `mlm_loss` is this one call, with a
+# check of the shapes.) One consequence: a batch in which no position is selected gives 0 / 0, a NaN; with hundreds
+# of ordinary tokens in each of our batches of 32 pairs, it does not happen here.
 #
-# Worked example: one selected position whose logits are all equal over a vocabulary of 7 gives $\log 7 \approx
-# 1.946$, whatever the other positions hold.
-#
-# <details><summary>Hint 1 — the idea</summary><code>F.cross_entropy</code> does the log-softmax and the average,
-# but it wants the classes on the second axis of a 2-D input, and it can be told which label value to skip.
-# </details>
-# <details><summary>Hint 2 — the plan</summary>Flatten: logits to <code>[batch * seq, vocab]</code>
-# (<code>.reshape(-1, logits.shape[-1])</code>), labels to <code>[batch * seq]</code>; then one call of
-# <code>F.cross_entropy</code> with <code>ignore_index</code> set to the value of the unselected labels (the default
-# reduction, the mean, then counts only the others).</details>
-
-# %% nbgrader={"grade": false, "grade_id": "mlm_loss", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def mlm_loss(logits, labels):
-    """Mean cross-entropy over the positions whose label is not -100. Returns a scalar tensor."""
-    ### BEGIN SOLUTION
-    vocab_size = logits.shape[-1]
-    return F.cross_entropy(logits.reshape(-1, vocab_size), labels.reshape(-1), ignore_index=-100)
-    ### END SOLUTION
-
-
-# %% nbgrader={"grade": true, "grade_id": "mlm_loss_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
-check_mlm_loss(mlm_loss)
-### BEGIN HIDDEN TESTS
-check_mlm_loss(mlm_loss, hidden=True)
-### END HIDDEN TESTS
-
-# %%
-mlm_loss_impl = yours_or_reference(mlm_loss, check_mlm_loss)
-
-# %% [markdown]
-# The worked example, and what happens to the loss of an untrained model (uniform guesses) when padding is added:
+# One selected position whose scores are all equal over a vocabulary of 7 gives $\log 7$, whatever the other
+# positions hold, and padding with 20 more unselected positions changes nothing:
 
 # %%
 flat = torch.zeros(1, 4, 7)  # [batch=1, seq=4, vocab=7]: every score equal
-one_label = torch.tensor([[-100, 3, -100, -100]])
-print(f"one selected position, uniform scores: {mlm_loss_impl(flat, one_label):.4f} (log 7 = {math.log(7):.4f})")
+one_label = torch.tensor([[-100, 3, -100, -100]])  # one selected position, label 3
+loss = F.cross_entropy(flat.reshape(-1, 7), one_label.reshape(-1), ignore_index=-100)
+print(f"one selected position, uniform scores: {loss:.4f} (log 7 = {math.log(7):.4f})")
 padded = torch.cat([one_label, torch.full((1, 20), -100)], dim=1)  # 20 more unselected positions
-print(f"the same with 20 more unselected positions: {mlm_loss_impl(torch.zeros(1, 24, 7), padded):.4f}")
-
-# %% [markdown]
-# ## 8. Next-sentence prediction
-#
-# Some tasks are about two pieces of text: does this answer fit this question, does this sentence follow from that
-# one? Devlin et al. add a second pre-training task for them. Each input is a pair A, B: half the time B is the
-# sentence that follows A in the text (label 0, *IsNext*), otherwise a random sentence from another document
-# (label 1, *NotNext*). A small head reads the pooled `[CLS]` state (a dense layer and tanh, the *pooler*) and
-# says which.
-#
-# Whether this helps has been questioned since. Liu et al. ("RoBERTa: A Robustly Optimized BERT Pretraining
-# Approach", 2019) pre-trained without NSP, on inputs of contiguous full sentences, and matched or slightly
-# improved the downstream results; BERT's own ablation had found a loss when NSP was removed. Lan et al.
-# (ALBERT, 2020) argued that NSP is mostly solved by **topic**: a random sentence from another document is usually
-# about something else. Our documents make that explicit: consecutive sentences share their sense and nothing
-# else, so a model can only tell *IsNext* from *NotNext* by the topic. A *NotNext* B about the same sense looks
-# exactly like a next sentence, and since half of the random Bs share A's sense, no model can expect more than
-# $0.5 + 0.5 \times 0.5 = 75\%$ on our pairs (a given sample of pairs can hold a little more or less).
-
-# %%
-examples = [next(p for p in train_pairs if p[2] == label) for label in (0, 0, 1, 1)]
-examples[1] = next(p for p in train_pairs if p[2] == 0 and p != examples[0])
-examples[3] = next(p for p in train_pairs if p[2] == 1 and p != examples[2])
-for a, b, label in examples:
-    print(f"{['IsNext ', 'NotNext'][label]}  A: {' '.join(a)}\n          B: {' '.join(b)}")
+loss = F.cross_entropy(torch.zeros(24, 7), padded.reshape(-1), ignore_index=-100)
+print(f"the same with 20 more unselected positions: {loss:.4f}")
 
 # %% [markdown]
 # ## 9. Pre-training a small BERT
 #
 # Two layers, $d_{model} = 64$, four heads and a feed-forward width of 128: 85,886 parameters, more than a thousand
-# times smaller than BERT-base (the count is printed below). No dropout: the generated corpus never repeats a batch exactly. The MLM head scores
-# a token by the dot product with its own embedding (the token table is tied to the output matrix, as in BERT).
-#
-# Every part of the training runs on your functions where they pass: `build_pair_inputs_impl` built the inputs,
-# `embedding_sum_impl` sums the embeddings inside the model, `mask_tokens_impl` corrupts each batch anew
-# (RoBERTa's *dynamic masking*: the same sentence gets a new mask each time it is seen), and `mlm_loss_impl` is the
-# loss, plus the NSP cross-entropy. The optimiser is AdamW with a linear warm-up over the first tenth of the
-# steps and a linear decay to zero.
+# times smaller than BERT-base (the count is printed below). No dropout: the generated corpus never repeats a batch
+# exactly. The MLM head scores a token by the dot product with its own embedding (the token table is tied to the
+# output matrix, as in BERT). The optimiser is AdamW with a linear warm-up over the first tenth of the steps and a
+# linear decay to zero, and every step clips the gradient's norm at 1.0, as the code Devlin et al. released does
+# (`optimization.py`: "This is how the model was pre-trained").
 
 # %%
 config = BertConfig(vocab_size=len(vocab), max_len=32, d_model=64, n_heads=4, n_layers=2, d_ff=128, dropout=0.0)
-PRETRAIN_STEPS, BATCH = 500, 32
+PRETRAIN_STEPS, BATCH, MAX_GRAD_NORM = 500, 32, 1.0
 
 
 def with_your_embeddings(model):
@@ -710,22 +763,10 @@ def lr_factor(step, n_steps):
     return min(1.0, (step + 1) / warmup) * (1 - step / n_steps)
 
 
-def train(model, loss_of_batch, n_steps, lr, seed, desc):
-    """AdamW, linear warm-up (first tenth) and linear decay; loss_of_batch(g) draws a batch with the generator g
-    and returns the loss. Returns the list of losses."""
-    g = torch.Generator().manual_seed(seed)
+def optimiser_and_schedule(model, lr, n_steps):
+    """AdamW (weight decay 0.01) and its learning-rate schedule (lr_factor) for a run of n_steps."""
     optimiser = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: lr_factor(step, n_steps))
-    model.train()
-    losses = []
-    for _ in tqdm(range(n_steps), desc=desc):
-        loss = loss_of_batch(g)
-        optimiser.zero_grad()
-        loss.backward()
-        optimiser.step()
-        schedule.step()
-        losses.append(loss.item())
-    return losses
+    return optimiser, torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: lr_factor(step, n_steps))
 
 
 def batch_of(g, *tensors):
@@ -735,27 +776,117 @@ def batch_of(g, *tensors):
     return [t[rows, :length] if t.dim() == 2 else t[rows] for t in tensors]
 
 
+# %% [markdown]
+# ### One step of pre-training
+#
+# Each step takes one batch of pairs and corrupts it anew. The same pair, drawn twice, is masked differently each
+# time: RoBERTa's *dynamic masking* (Liu et al., 2019, section 4.1; the original BERT masked its data once, ahead
+# of time, in 10 copies masked differently). Then the model reads the corrupted ids, the two heads give their
+# scores, and the step learns from the **sum** of the two losses, MLM and NSP, as Devlin et al. do. What follows
+# the losses is the update of chapter 07's training step, with the same rules about what must come before what.
+
+# %% [markdown]
+# ### Exercise 5 — `pretrain_step`
+# > **Difficulty** ●●○ · **Importance** ●●● · about 25 minutes
+#
+# Write `pretrain_step(model, batch, vocab, mask_tokens, generator, optimizer, scheduler, max_grad_norm)`, one
+# update of BERT's pre-training:
+#
+# * `model`: a `BertForPreTraining`. Given the ids, the segment ids and the padding mask, it returns
+#   `(mlm_logits, nsp_logits)`, `[batch, seq, vocab]` and `[batch, 2]`;
+# * `batch`: `(ids, segment_ids, padding_mask, nsp_labels)`, three `[batch, seq]` tensors and one `[batch]`
+#   (0 IsNext, 1 NotNext);
+# * `vocab`: gives the corruption what it needs, `vocab.special_ids`, `vocab.mask_id` and `len(vocab)`;
+#   `mask_tokens`: a function with the signature of exercise 4 (the chapter passes `mask_tokens_impl`);
+#   `generator`: the `torch.Generator` the corruption draws from;
+# * `optimizer`, `scheduler`: a PyTorch optimizer and its learning-rate scheduler; `max_grad_norm`: the largest
+#   norm the gradient may have when the optimizer uses it;
+# * returns `(mlm_loss, nsp_loss)`, two Python floats: this batch's losses, from the forward pass of this step.
+#
+# The MLM loss is the mean over the selected positions (section 8), the NSP loss the mean over the pairs; the
+# gradient is that of their sum.
+#
+# (The check runs your function for two steps on a tiny BERT in float64, with SGD and with AdamW, and compares
+# with the reference the two pairs of losses, every weight after each step and the learning rate after the second
+# step.)
+#
+# <details><summary>Hint 1 — the idea</summary>Chapter 07's training step with two changes in front of the update:
+# the batch is corrupted first, with the step's generator, so that each step masks afresh; and the loss has two
+# parts, one per head, that are added before anything is back-propagated.</details>
+# <details><summary>Hint 2 — the plan</summary>Unpack the four tensors of the batch. The corruption turns the ids
+# into the model's inputs and the labels, both <code>[batch, seq]</code>; the model reads the inputs (never the
+# original ids), the segments and the padding mask. The MLM loss: the scores flattened to
+# <code>[batch · seq, vocab]</code> against the labels flattened to <code>[batch · seq]</code>, −100 skipped; the
+# NSP loss: <code>[batch, 2]</code> against <code>nsp_labels</code>. Then chapter 07's update, in its order, with
+# <code>max_grad_norm</code> as the clipping threshold and the scheduler stepped once. Return the two losses as
+# floats, MLM first.</details>
+# <details><summary>Hint 3 — one key expression</summary>The MLM loss:
+# <code>F.cross_entropy(mlm_logits.reshape(-1, mlm_logits.shape[-1]), labels.reshape(-1), ignore_index=-100)</code>.
+# </details>
+
+# %% nbgrader={"grade": false, "grade_id": "pretrain_step", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def pretrain_step(model, batch, vocab, mask_tokens, generator, optimizer, scheduler, max_grad_norm):
+    """One pre-training update of a BertForPreTraining on `batch`; returns (mlm_loss, nsp_loss) as floats."""
+    ### BEGIN SOLUTION
+    ids, segment_ids, padding_mask, nsp_labels = batch
+    inputs, labels = mask_tokens(ids, vocab.special_ids, vocab.mask_id, len(vocab), generator)
+    mlm_logits, nsp_logits = model(inputs, segment_ids, padding_mask)  # [batch, seq, vocab], [batch, 2]
+    mlm_loss = F.cross_entropy(mlm_logits.reshape(-1, mlm_logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+    nsp_loss = F.cross_entropy(nsp_logits, nsp_labels)
+    optimizer.zero_grad()  # PyTorch adds gradients up: clear the previous step's
+    (mlm_loss + nsp_loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)  # after backward, before the step
+    optimizer.step()
+    scheduler.step()  # the learning rate of the next step
+    return mlm_loss.item(), nsp_loss.item()
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "pretrain_step_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false} tags=["raises-exception"]
+check_pretrain_step(pretrain_step)
+### BEGIN HIDDEN TESTS
+check_pretrain_step(pretrain_step, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+pretrain_step_impl = yours_or_reference(pretrain_step, check_pretrain_step)
+
+# %% [markdown]
+# The model, and whose code it runs: the embedding sum inside it is `embedding_sum_impl` (the assertion counts the
+# calls one forward pass makes through it), and everything around it comes from your functions where they pass.
+
+# %%
+def whose(impl, checker):
+    """'yours' when `impl` is the learner's function, 'the reference' when it is the fallback."""
+    return "the reference" if impl is (checker.fallback or checker.reference) else "yours"
+
+
 torch.manual_seed(0)
 pretrained = with_your_embeddings(BertForPreTraining(config))
 untrained = copy.deepcopy(pretrained).eval()  # the same initial weights, kept untrained: section 10's control
 print(f"parameters: {count_parameters(pretrained):,}")
-mlm_history, nsp_history = [], []
+assert model_calls(pretrained, embedding_sum_impl, pair_ids[:2], pair_segments[:2], pair_padding[:2]) == 1
+for part, impl, checker in [("the inputs", build_pair_inputs_impl, check_build_pair_inputs),
+                            ("the embedding sum in the model", embedding_sum_impl, check_embedding_sum),
+                            ("the sentence pairs", nsp_pairs_impl, check_nsp_pairs),
+                            ("the masking", mask_tokens_impl, check_mask_tokens),
+                            ("each training step", pretrain_step_impl, check_pretrain_step)]:
+    print(f"{part:<31}: {whose(impl, checker)}")
 
-
-def pretraining_batch_loss(g):
-    ids, segments, padding, nsp = batch_of(g, pair_ids, pair_segments, pair_padding, pair_nsp)
-    inputs, labels = mask_tokens_impl(ids, vocab.special_ids, vocab.mask_id, len(vocab), g)
-    mlm_logits, nsp_logits = pretrained(inputs, segments, padding)
-    mlm = mlm_loss_impl(mlm_logits, labels)
-    nsp_loss = F.cross_entropy(nsp_logits, nsp)
-    mlm_history.append(mlm.item())
-    nsp_history.append(nsp_loss.item())
-    return mlm + nsp_loss
-
+# %% [markdown]
+# 500 steps of 32 pairs, each one a call of `pretrain_step_impl`: the pre-training below runs on your step.
 
 # %% tags=["nbval-ignore-output", "timing"]
+g = torch.Generator().manual_seed(3)  # draws the batches and the masks
+optimiser, schedule = optimiser_and_schedule(pretrained, 3e-3, PRETRAIN_STEPS)
+mlm_history, nsp_history = [], []
 start = time.perf_counter()
-train(pretrained, pretraining_batch_loss, PRETRAIN_STEPS, lr=3e-3, seed=3, desc="pre-training")
+pretrained.train()
+for _ in tqdm(range(PRETRAIN_STEPS), desc="pre-training"):
+    batch = batch_of(g, pair_ids, pair_segments, pair_padding, pair_nsp)
+    mlm, nsp = pretrain_step_impl(pretrained, batch, vocab, mask_tokens_impl, g, optimiser, schedule, MAX_GRAD_NORM)
+    mlm_history.append(mlm)
+    nsp_history.append(nsp)
 pretrained.eval()
 print(f"{PRETRAIN_STEPS} steps in {time.perf_counter() - start:.1f} s")
 
@@ -829,7 +960,7 @@ claim(last_nsp < sum(nsp_history[-100:-50]) / 50, "and the last 50 steps are low
 
 # %%
 test_documents = sense_documents(200, sentences_per_document=3, seed=10)
-test_pairs = nsp_pairs(test_documents, 1000, seed=11)
+test_pairs = nsp_pairs_impl(word_documents(test_documents), 1000, seed=11)
 test_ids, test_segments, test_padding, test_nsp = encode_pairs(test_pairs)
 test_inputs, test_labels = mask_tokens_impl(test_ids, vocab.special_ids, vocab.mask_id, len(vocab),
                                             torch.Generator().manual_seed(12))
@@ -892,35 +1023,50 @@ claim(0.55 <= nsp_accuracy <= nsp_ceiling + 0.02, "NSP accuracy is at least 55%,
 # templates. Where the template fixes the word it is right at least 85% of the time, and at least 60% of its misses
 # are at the open places, which are only a fifth of the blanks: there the context tells the kind of word, a fruit
 # or a taste, but the word itself was drawn at random, so no model can know which. NSP is harder: at least 55%, above
-# chance, and not above what a perfect topic detector gets on these pairs, give or take 2 points of luck (76.6%; section 8's 75% is what it gets on
+# chance, and not above what a perfect topic detector gets on these pairs, give or take 2 points of luck (76.6%; section 6's 75% is what it gets on
 # average). It learns the topic from the pooled `[CLS]` alone, one bit per pair, while MLM gets a signal at every
 # selected position.
 #
-# The real test of a contextual model: the same blank in two contexts. Top three guesses for the `[MASK]` in a
-# fruit sentence and in a company sentence:
+# The real test of a contextual model: the same blank in two contexts. For the `[MASK]` in a fruit sentence and in
+# two company sentences, the model's three best guesses, and how much probability it gives to each kind of word:
+# all the fruits but *apple* together, and all the companies but *apple* (which is both, so it counts for neither):
 
 # %% tags=["nbval-ignore-output"]
-def top_guesses(words, k=3):
+def mask_probabilities(words):
+    """The model's probabilities for the one [MASK] in `words`: [vocab]."""
     ids_, segments_, padding_ = build_pair_inputs_impl(vocab.encode(words), None, MAX_LEN, vocab.cls_id, vocab.sep_id,
                                                        vocab.pad_id)
     with torch.no_grad():
         logits, _ = pretrained(ids_[None], segments_[None], padding_[None])
-    where = words.index("[MASK]") + 1  # + 1 for [CLS]
-    probs = logits[0, where].softmax(dim=-1)
-    top = probs.topk(k)
-    return [(vocab.itos[i], p) for p, i in zip(top.values.tolist(), top.indices.tolist())]
+    return logits[0, words.index("[MASK]") + 1].softmax(dim=-1)  # + 1 for [CLS]
 
 
-guesses = {}
+def share_of(probs, words):
+    return probs[vocab.encode([w for w in words if w != "apple"])].sum().item()
+
+
+kinds, apple_probability = {}, {}  # sentence -> (share of the fruits, of the companies), apple aside; apple's own
 for text in ["she ate a ripe [MASK] after lunch", "[MASK] released a new phone at its launch event",
              "shares of [MASK] rose after the company reported record profit"]:
-    guesses[text] = top_guesses(text.split())
-    print(f"{text:<66} -> {', '.join(f'{word} {p:.2f}' for word, p in guesses[text])}")
-fruit_guesses, *company_guesses = [[word for word, _ in top] for top in guesses.values()]
-claim(set(fruit_guesses) <= set(FRUITS), "in the fruit sentence, the three guesses are fruits",
-      measured=str(fruit_guesses))
-claim(all(set(top) <= set(COMPANIES) for top in company_guesses),
-      "in the two company sentences, the three guesses are companies", measured=str(company_guesses))
+    probs = mask_probabilities(text.split())
+    top = probs.topk(3)
+    kinds[text] = share_of(probs, FRUITS), share_of(probs, COMPANIES)
+    apple_probability[text] = probs[vocab.stoi["apple"]].item()
+    best = ", ".join(f"{vocab.itos[i]} {p:.2f}" for p, i in zip(top.values.tolist(), top.indices.tolist()))
+    print(f"{text:<64} -> {best};  fruits {kinds[text][0]:.2f}, companies {kinds[text][1]:.2f}")
+(fruit_in_fruit, company_in_fruit), *in_company = kinds.values()
+claim(fruit_in_fruit >= 0.4 and company_in_fruit <= 0.05, "in the fruit sentence, the other fruits get at least 40% "
+      "of the probability and the other companies at most 5%", measured=str(kinds))
+claim(all(company >= 0.4 and fruit <= 0.05 for fruit, company in in_company),
+      "in the two company sentences, the reverse", measured=str(kinds))
+claim(min(apple_probability.values()) >= 0.05, "'apple' gets at least 5% in each of the three",
+      measured=str(apple_probability))
+
+# %% [markdown]
+# The blank in the fruit sentence goes to fruits, the blanks in the company sentences to companies, with at least
+# 40% of the probability on the right kind and at most 5% on the other; *apple*, which fits both, gets at least 5% in
+# each. No model could do much better on a single word: the templates drew the fruit or the company at random, so
+# the context says which kind of word was hidden, never which one.
 
 # %% [markdown]
 # ## 10. One word, two vectors
@@ -1043,8 +1189,8 @@ claim(min(trained["own centre"], trained["elsewhere"]) >= 0.95 and trained["same
 # the same 40 steps: one starts from the pre-trained encoder, the other from random weights.
 
 # %% [markdown]
-# ### Exercise 5 — `classify_from_cls`
-# > **Difficulty** ●○○ · **Importance** ●●○ · about 5 minutes
+# ### Exercise 6 — `classify_from_cls`
+# > **Difficulty** ●○○ · **Importance** ●●○ · about 10 minutes
 #
 # Write `classify_from_cls(hidden, pooler, classifier)`:
 #
@@ -1058,10 +1204,13 @@ claim(min(trained["own centre"], trained["elsewhere"]) >= 0.95 and trained["same
 # `[2, 3]` and depends only on `hidden[:, 0]`.
 #
 # <details><summary>Hint 1 — the idea</summary>Three steps: pick the state of <code>[CLS]</code> in every input, pool
-# it (dense, then tanh), classify it.</details>
-# <details><summary>Hint 2 — the plan</summary><code>cls_state = hidden[:, 0]</code> is <code>[batch, d_model]</code>
-# (all inputs, position 0); the pooled vector has the same shape; the classifier maps it to
-# <code>[batch, n_classes]</code>.</details>
+# it (dense, then tanh), classify it. No other position is read: attention has already mixed the whole input
+# into <code>[CLS]</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>The <code>[CLS]</code> states: every input, position 0,
+# <code>[batch, d_model]</code>. The pooled vectors have the same shape (the pooler's dense layer, then tanh); the
+# classifier maps them to <code>[batch, n_classes]</code>.</details>
+# <details><summary>Hint 3 — one key expression</summary>The <code>[CLS]</code> states:
+# <code>hidden[:, 0]</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "classify_from_cls", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def classify_from_cls(hidden, pooler, classifier):
@@ -1083,9 +1232,28 @@ check_classify_from_cls(classify_from_cls, hidden=True)
 classify_from_cls_impl = yours_or_reference(classify_from_cls, check_classify_from_cls)
 
 # %% [markdown]
-# The data: 40 training sentences from templates 0–2 of each sense, 400 test sentences from templates 3–9.
+# The data: 40 training sentences from templates 0–2 of each sense, 400 test sentences from templates 3–9. The
+# fine-tuning runs of this section and the next two share one loop, `train`: the update of your `pretrain_step`
+# (without the clipping), around a function that draws a batch and returns its loss.
 
 # %%
+def train(model, loss_of_batch, n_steps, lr, seed, desc):
+    """AdamW with optimiser_and_schedule's warm-up and decay; loss_of_batch(g) draws a batch with the generator g
+    and returns the loss. Returns the list of losses."""
+    g = torch.Generator().manual_seed(seed)
+    optimiser, schedule = optimiser_and_schedule(model, lr, n_steps)
+    model.train()
+    losses = []
+    for _ in tqdm(range(n_steps), desc=desc):
+        loss = loss_of_batch(g)
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        schedule.step()
+        losses.append(loss.item())
+    return losses
+
+
 SEEN_TEMPLATES = [0, 1, 2]
 sense_train = sense_sentences(40, seed=21, apple_share=1.0, templates=SEEN_TEMPLATES)
 sense_test = sense_sentences(400, seed=22, apple_share=1.0, templates=[t for t in range(10) if t not in SEEN_TEMPLATES])
@@ -1287,8 +1455,8 @@ for example in qa_test[:3]:
           f"{'':17} answer: {' '.join(example.answer)} (words {example.start}..{example.end})")
 
 # %% [markdown]
-# ### Exercise 6 — `best_span`
-# > **Difficulty** ●●○ · **Importance** ●●○ · about 15 minutes
+# ### Exercise 7 — `best_span`
+# > **Difficulty** ●●● · **Importance** ●●○ · about 25 minutes
 #
 # Write `best_span(start_logits, end_logits, passage_mask, max_answer_len)`:
 #
@@ -1307,14 +1475,17 @@ for example in qa_test[:3]:
 # the flattened `[seq * seq]` scores, as `argmax` does.
 #
 # <details><summary>Hint 1 — the idea</summary>Score all pairs at once: a <code>[batch, seq, seq]</code> table with
-# the start on the middle axis and the end on the last. Give every forbidden pair the score −∞, and take the
-# argmax over the flattened table.</details>
-# <details><summary>Hint 2 — the plan</summary><code>scores = start_logits[:, :, None] + end_logits[:, None, :]</code>.
-# The allowed pairs: <code>torch.ones(seq, seq, dtype=torch.bool)</code> with <code>.triu()</code> (s ≤ e) and
-# without <code>.triu(diagonal=max_answer_len)</code> (too long), AND the passage on both axes
-# (<code>passage_mask[:, :, None]</code>, <code>passage_mask[:, None, :]</code>). After
-# <code>masked_fill</code> and <code>.view(batch, -1).argmax(dim=1)</code>, the flat index <code>k</code> is the pair
-# <code>(k // seq, k % seq)</code>.</details>
+# the start on the middle axis and the end on the last, each cell the sum of a start score and an end score. Give
+# every forbidden pair the score −∞, and take the best cell of each flattened table: its flat index says both the
+# start and the end.</details>
+# <details><summary>Hint 2 — the plan</summary>The table: the start scores broadcast along a new last axis, the end
+# scores along a new middle axis. The allowed pairs, a boolean <code>[batch, seq, seq]</code>: a
+# <code>[seq, seq]</code> band, on or above the diagonal and fewer than <code>max_answer_len</code> diagonals above
+# it (the upper triangle of an all-True matrix, minus a higher upper triangle), and the passage mask on both axes.
+# Fill the rest with −∞, flatten each row of the batch to <code>seq · seq</code> cells, take the argmax; integer
+# division of the flat index by <code>seq</code> gives the start, the remainder the end.</details>
+# <details><summary>Hint 3 — one key expression</summary>The table:
+# <code>start_logits[:, :, None] + end_logits[:, None, :]</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "best_span", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def best_span(start_logits, end_logits, passage_mask, max_answer_len):
@@ -1442,8 +1613,11 @@ claim(scratch_backward >= 50 and pre_backward <= scratch_backward / 3, "with sep
 #   Our small BERT filled at least 70% of the `[MASK]` positions of unseen text (the most frequent token: 10.5%),
 #   and its vectors for *apple* split by sense with no label at all, even among sentences where *apple* stands at
 #   a position the centres never saw; the same encoder untrained sorted them by position instead.
-# * **Next-sentence prediction** reads `[CLS]`; on our corpus it can only learn the topic, and RoBERTa (Liu et al.,
-#   2019) found it could be dropped.
+# * **Next-sentence prediction** pairs a sentence with its successor half the time and with a sentence of another
+#   document otherwise; it reads `[CLS]`. On our corpus it can only learn the topic, and RoBERTa (Liu et al., 2019)
+#   found it could be dropped.
+# * **One pre-training step** is chapter 07's training step with the corruption in front (a new mask at every step)
+#   and two losses added before the backward pass; the gradient is clipped before the optimizer uses it.
 # * **Fine-tuning** adds one layer and trains everything: a classifier on the pooled `[CLS]` for sentence labels, a
 #   classifier on every token for token labels, start and end scores with the best allowed span for question
 #   answering. With 40 labelled sentences, the pre-trained encoder recognised the sense of *apple* in kinds of
@@ -1463,8 +1637,8 @@ claim(scratch_backward >= 50 and pre_backward <= scratch_backward / 3, "with sep
 # Which of this chapter's exercises pass, as last checked (run the test cells again after a change):
 
 # %%
-exercise_summary(check_build_pair_inputs, check_embedding_sum, check_mask_tokens, check_mlm_loss,
-                 check_classify_from_cls, check_best_span)
+exercise_summary(check_build_pair_inputs, check_embedding_sum, check_nsp_pairs, check_mask_tokens,
+                 check_pretrain_step, check_classify_from_cls, check_best_span)
 
 # %% [markdown]
 # ## Glossary · 术语表
@@ -1480,6 +1654,10 @@ exercise_summary(check_build_pair_inputs, check_embedding_sum, check_mask_tokens
 # | masked language model (MLM) | 掩码语言模型 | hide 15% of the tokens and predict them from both sides |
 # | cloze task | 完形填空 | a fill-in-the-blank exercise, MLM's older name |
 # | next-sentence prediction (NSP) | 下一句预测 | does sentence B follow sentence A? read from `[CLS]` |
+# | IsNext / NotNext | 是下一句 / 不是下一句 | NSP's two labels (0 and 1 here) |
+# | dynamic masking | 动态掩码 | a new random mask each time a sentence is seen (RoBERTa) |
+# | ignore index (−100) | 忽略索引 | a label value the cross-entropy skips, in its sum and in its count |
+# | gradient clipping | 梯度裁剪 | scale the whole gradient down when its norm exceeds a threshold, before the step |
 # | `[CLS]` token | 分类标记 [CLS] | the first token; its final state summarises the input |
 # | `[SEP]` token | 分隔标记 [SEP] | ends each sentence of the input |
 # | `[MASK]` token | 掩码标记 [MASK] | stands for a hidden token during pre-training |

@@ -1,27 +1,37 @@
 """Checkers for chapter 09, BERT: the pair input [CLS] A [SEP] B [SEP] with segment ids and
-padding, the sum of token, segment and position embeddings, the masked-language-model
-corruption (15% of the non-special tokens; 80% [MASK], 10% random, 10% unchanged), the MLM
-loss over the selected positions only, the sentence classifier on [CLS], and the best answer
-span for extractive question answering.
+padding, the sum of token, segment and position embeddings, next-sentence pairs drawn half
+IsNext and half NotNext, the masked-language-model corruption (15% of the non-special tokens;
+80% [MASK], 10% random, 10% unchanged), one pre-training step (corrupt, forward, MLM + NSP
+loss, backward, clip, step), the sentence classifier on [CLS], and the best answer span for
+extractive question answering.
 
 References are the library's (transformer_lib.bert). Each checker knows the wrong answers
-learners often write (a [SEP] lost to truncation, positions looked up by token id, special
-tokens masked, the loss averaged over every position, an answer that ends before it starts...),
-and properties name an error from a trait of the output ("labels that are not -100 on
-unselected positions", "a span outside the passage"), so two mistakes made at once are still
-diagnosed in the learner's terms.
+learners often write (a [SEP] lost to truncation, positions looked up by token id, a NotNext
+sentence from A's own document, special tokens masked, gradients that pile up across steps, an
+answer that ends before it starts...), and properties name an error from a trait of the output
+("labels that are not -100 on unselected positions", "an NSP head that never moved", "a span
+outside the passage"), so two mistakes made at once are still diagnosed in the learner's terms.
+
+The pre-training step runs on a tiny float64 BERT that the checker builds (in `invoke`), with
+the checker's own copies of the embedding sum and of the corruption: while grading, the
+library's embedding_sum and mask_tokens are hidden like every reference of the chapter.
 """
 
 import math
+import random
+import re
+import warnings
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from transformer_lib.bert import (IGNORE_INDEX, BertPooler, best_span, build_pair_inputs, classify_from_cls,
-                                  embedding_sum, mask_tokens, mlm_loss)
+from transformer_lib.bert import (IGNORE_INDEX, BertConfig, BertForPreTraining, BertPooler, best_span,
+                                  build_pair_inputs, classify_from_cls, embedding_sum, mask_tokens, nsp_pairs,
+                                  pretrain_step)
 
 from . import properties
-from .core import Case, Checker, Mistake, Property, randn, seeded
+from .core import Case, Checker, Mistake, Property, describe_difference, randn, seeded
 
 
 def _tensor(x):
@@ -382,7 +392,210 @@ check_embedding_sum = Checker(
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 3: mask_tokens(ids, special_ids, mask_id, vocab_size, generator, p=0.15)
+# Exercise 3: nsp_pairs(documents, n_pairs, seed) -> [(a, b, label), ...]
+# ---------------------------------------------------------------------------------------
+
+
+def _documents(sizes) -> list[list[list[str]]]:
+    """Documents of sentences that name where they stand ("d2", "s1"): every sentence is unique, so an
+    output pair can be traced back to its documents."""
+    return [[[f"d{d}", f"s{i}"] for i in range(n)] for d, n in enumerate(sizes)]
+
+
+def _nsp_cases() -> list[Case]:
+    return [
+        Case("6 documents of 3 sentences, 200 pairs", (_documents([3] * 6), 200, 1)),
+        Case("documents of 2 to 5 sentences, 300 pairs", (_documents([2, 5, 3, 4, 2, 5, 3]), 300, 7)),
+        Case("2 documents of 2 sentences, 40 pairs", (_documents([2, 2]), 40, 3)),
+        Case("40 documents of 3 sentences, 500 pairs", (_documents([3] * 40), 500, 11), hidden=True),
+        Case("one pair", (_documents([4, 3, 2]), 1, 5), hidden=True),
+        Case("3 long documents (8 sentences), 250 pairs", (_documents([8, 8, 8]), 250, 13), hidden=True),
+        Case("no pairs", (_documents([3, 3]), 0, 2), hidden=True),
+    ]
+
+
+def _invoke_nsp(fn, case: Case):
+    # A slip that uses the random module's own functions must give the same pairs on every run, so
+    # that it can be recognised: seed the module, and leave its state as it was found.
+    state = random.getstate()
+    try:
+        random.seed(case.args[2] + 1000)
+        return fn(*case.args)
+    finally:
+        random.setstate(state)
+
+
+def _pairs(documents, n_pairs, seed, *, labels_swapped=False, coin_inverted=False, any_document=False,
+           module_random=False, reseeded=False):
+    """nsp_pairs with knobs that reproduce common slips, drawing in the reference's order."""
+    rng = random if module_random else random.Random(seed)
+    pairs = []
+    for _ in range(n_pairs):
+        if reseeded:  # a new generator for every pair: the same pair every time
+            rng = random.Random(seed)
+        d = rng.randrange(len(documents))
+        i = rng.randrange(len(documents[d]) - 1)
+        is_next = rng.random() < 0.5
+        if coin_inverted:
+            is_next = not is_next
+        if is_next:
+            b, label = documents[d][i + 1], 0
+        else:
+            if any_document:
+                other = rng.choice(documents)
+            else:
+                other = documents[rng.choice([j for j in range(len(documents)) if j != d])]
+            b, label = rng.choice(other), 1
+        pairs.append((documents[d][i], b, 1 - label if labels_swapped else label))
+    return pairs
+
+
+def _np_labels_swapped(documents, n_pairs, seed):
+    return _pairs(documents, n_pairs, seed, labels_swapped=True)
+
+
+def _np_coin_inverted(documents, n_pairs, seed):
+    return _pairs(documents, n_pairs, seed, coin_inverted=True)
+
+
+def _np_any_document(documents, n_pairs, seed):
+    return _pairs(documents, n_pairs, seed, any_document=True)
+
+
+def _np_module_random(documents, n_pairs, seed):
+    return _pairs(documents, n_pairs, seed, module_random=True)
+
+
+def _np_reseeded(documents, n_pairs, seed):
+    return _pairs(documents, n_pairs, seed, reseeded=True)
+
+
+def _where(documents):
+    """Sentence (as a tuple) -> (document, index)."""
+    return {tuple(s): (d, i) for d, document in enumerate(documents) for i, s in enumerate(document)}
+
+
+def _traced(case, actual):
+    """[(doc of a, index of a, doc of b, index of b, label)], or None when the output cannot be read so."""
+    documents = case.args[0]
+    if not isinstance(actual, (list, tuple)):
+        return None
+    where, out = _where(documents), []
+    for pair in actual:
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 3 and isinstance(pair[0], (list, tuple))
+                and isinstance(pair[1], (list, tuple))):
+            return None
+        a, b = where.get(tuple(pair[0])), where.get(tuple(pair[1]))
+        if a is None or b is None:
+            return None
+        out.append((*a, *b, pair[2]))
+    return out
+
+
+def _np_isnext_not_next(case, expected, actual):
+    traced = _traced(case, actual)
+    return traced is not None and any(label == 0 and (db, ib) != (da, ia + 1) for da, ia, db, ib, label in traced)
+
+
+def _np_notnext_same_document(case, expected, actual):
+    traced = _traced(case, actual)
+    return traced is not None and any(label == 1 and db == da for da, ia, db, ib, label in traced)
+
+
+def _np_a_last(case, expected, actual):
+    traced = _traced(case, actual)
+    documents = case.args[0]
+    return traced is not None and any(ia == len(documents[da]) - 1 for da, ia, _, _, _ in traced)
+
+
+def _np_share_far(case, expected, actual):
+    traced = _traced(case, actual)
+    if traced is None or len(traced) < 100:
+        return False
+    return abs(sum(label == 0 for *_, label in traced) / len(traced) - 0.5) > 0.15
+
+
+def _np_all_the_same(case, expected, actual):
+    traced = _traced(case, actual)
+    return traced is not None and len(traced) >= 10 and len(set(traced)) == 1
+
+
+def _np_wrong_count(case, expected, actual):
+    return isinstance(actual, (list, tuple)) and len(actual) != case.args[1]
+
+
+NP_ISNEXT_NOT_NEXT = Property(
+    "an IsNext pair (label 0) whose B is not the sentence right after A in A's document",
+    "For label 0, B is documents[d][i + 1]: the next sentence of the same document.",
+    _np_isnext_not_next,
+)
+NP_NOTNEXT_SAME_DOCUMENT = Property(
+    "a NotNext pair (label 1) whose B comes from A's own document",
+    "Draw the other document among the documents other than A's (a list of the indices j != d), then a "
+    "sentence of it.",
+    _np_notnext_same_document,
+)
+NP_A_LAST = Property(
+    "an A that is the last sentence of its document (it has no next sentence)",
+    "Draw A's index among all but the last sentence: randrange(len(document) - 1).",
+    _np_a_last,
+)
+NP_SHARE_FAR = Property(
+    "a share of IsNext pairs far from one half",
+    "Flip a fair coin for every pair: rng.random() < 0.5 gives IsNext (label 0), the rest NotNext (label 1).",
+    _np_share_far,
+)
+NP_ALL_THE_SAME = Property(
+    "every pair the same: the generator was created (and seeded) anew for each pair",
+    "Create random.Random(seed) once, before the loop, and draw every number from it.",
+    _np_all_the_same,
+)
+NP_WRONG_COUNT = Property(
+    "a number of pairs other than n_pairs",
+    "Return a list of exactly n_pairs tuples (a, b, label).",
+    _np_wrong_count,
+)
+
+check_nsp_pairs = Checker(
+    name="nsp_pairs",
+    reference=nsp_pairs,
+    make_cases=_nsp_cases,
+    invoke=_invoke_nsp,
+    mistakes=[
+        Mistake(
+            "the labels swapped: 1 for IsNext and 0 for NotNext",
+            "BERT's convention here: label 0 is IsNext (B follows A), label 1 is NotNext (B is a random sentence).",
+            _np_labels_swapped,
+        ),
+        Mistake(
+            "the coin read the other way round: random() < 0.5 makes a NotNext pair",
+            "Below 0.5 is IsNext (B = the next sentence, label 0), from 0.5 on NotNext: the draws then match the "
+            "reference's.",
+            _np_coin_inverted,
+        ),
+        Mistake(
+            "the NotNext document drawn among all the documents, A's own included (B can then be A's real next "
+            "sentence, labelled NotNext)",
+            "Draw it among the other documents only: rng.choice of the indices j != d.",
+            _np_any_document,
+        ),
+        Mistake(
+            "the random module's functions instead of random.Random(seed): the pairs do not depend on the seed",
+            "Make one generator, rng = random.Random(seed), and call rng.randrange, rng.random and rng.choice.",
+            _np_module_random,
+        ),
+        Mistake(
+            "a new random.Random(seed) for every pair: every pair is the same",
+            "Create the generator once, before the loop.",
+            _np_reseeded,
+        ),
+    ],
+    properties=[NP_WRONG_COUNT, NP_ISNEXT_NOT_NEXT, NP_NOTNEXT_SAME_DOCUMENT, NP_A_LAST, NP_SHARE_FAR, NP_ALL_THE_SAME],
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 4: mask_tokens(ids, special_ids, mask_id, vocab_size, generator, p=0.15)
 #             -> (inputs, labels)
 # ---------------------------------------------------------------------------------------
 
@@ -678,162 +891,372 @@ check_mask_tokens = Checker(
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 4: mlm_loss(logits, labels) -> scalar, the mean over the selected positions
+# Exercise 5: pretrain_step(model, batch, vocab, mask_tokens, generator, optimizer, scheduler,
+#             max_grad_norm) -> (mlm_loss, nsp_loss)
 # ---------------------------------------------------------------------------------------
 
 
-def _loss_case(name, seed, batch, seq, vocab, per_row, dtype=torch.float32, huge=False, hidden=False):
-    """logits [batch, seq, vocab]; labels with per_row[b] selected positions in row b, -100 elsewhere."""
-    g = seeded(seed)
-    logits = randn(g, batch, seq, vocab, dtype=dtype, scale=2.0)
-    labels = torch.full((batch, seq), IGNORE_INDEX, dtype=torch.long)
-    for b, k in enumerate(per_row):
-        where = torch.randperm(seq, generator=g)[:k]
-        labels[b, where] = torch.randint(0, vocab, (k,), generator=g)
-    if huge:  # unselected positions hold enormous logits: harmless unless they are counted
-        logits = torch.where((labels == IGNORE_INDEX)[..., None], logits * 1e4, logits)
-    return Case(name, (logits, labels), hidden=hidden)
+class _Vocab:
+    """What pretrain_step reads of a vocabulary: its special ids, [MASK]'s id and its size."""
+
+    def __init__(self, size, pad_id, cls_id, sep_id, mask_id):
+        self.size, self.pad_id, self.cls_id, self.sep_id, self.mask_id = size, pad_id, cls_id, sep_id, mask_id
+
+    @property
+    def special_ids(self) -> list[int]:
+        return [self.pad_id, self.cls_id, self.sep_id, self.mask_id]
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        return (f"a vocabulary of {self.size} ([PAD] {self.pad_id}, [CLS] {self.cls_id}, [SEP] {self.sep_id}, "
+                f"[MASK] {self.mask_id})")
 
 
-def _loss_cases() -> list[Case]:
+@dataclass(frozen=True)
+class PretrainingRun:
+    """Two pre-training steps of a tiny BertForPreTraining (float64, so every CPU computes alike)."""
+
+    seed: int
+    optimizer: str = "sgd"  # "sgd" (with momentum) or "adamw"
+    max_norm: float = 0.05
+    vocab_size: int = 24
+    specials: tuple = (0, 1, 2, 3)  # [PAD], [CLS], [SEP], [MASK]
+    batch: int = 8
+    seq: int = 16
+
+    def vocab(self) -> _Vocab:
+        return _Vocab(self.vocab_size, *self.specials)
+
+    def __repr__(self) -> str:
+        return (f"two {self.optimizer} steps of a 1-layer BERT (d_model 16), batches [{self.batch}, {self.seq}], "
+                f"{self.vocab()!r}, max_grad_norm={self.max_norm}")
+
+
+def _sum_of_embeddings(ids, segment_ids, token_table, segment_table, position_table):
+    # The checker's own copy of the sum: while grading, the library's embedding_sum is hidden.
+    return token_table[ids] + segment_table[segment_ids] + position_table[:ids.shape[1]]
+
+
+def _tiny_bert(run: PretrainingRun) -> BertForPreTraining:
+    config = BertConfig(vocab_size=run.vocab_size, max_len=run.seq, d_model=16, n_heads=2, n_layers=1, d_ff=32,
+                        dropout=0.0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(run.seed)
+        model = BertForPreTraining(config)
+    model.bert.embeddings.combine = _sum_of_embeddings
+    return model.double()
+
+
+def _pretraining_batches(run: PretrainingRun) -> list[tuple]:
+    """Two batches (ids, segment_ids, padding_mask, nsp_labels) of [CLS] A [SEP] B [SEP] [PAD]... rows."""
+    pad_id, cls_id, sep_id, mask_id = run.specials
+    batches = []
+    for k in range(2):
+        ids = _bert_batch(run.seed + 10 * k + 1, run.batch, run.seq, run.vocab_size, cls_id, sep_id, pad_id, mask_id,
+                          first_word=0)
+        first_sep = (ids == sep_id).long().cumsum(dim=1)  # [batch, seq]: 0 before A's [SEP], 1 up to it, 2 after
+        segments = ((first_sep >= 1) & ~((first_sep == 1) & (ids == sep_id)) & (ids != pad_id)).long()
+        nsp = torch.randint(0, 2, (run.batch,), generator=seeded(run.seed + 10 * k + 2))
+        batches.append((ids, segments, ids != pad_id, nsp))
+    return batches
+
+
+def _masking(ids, special_ids, mask_id, vocab_size, generator=None, p=0.15):
+    """The checker's own copy of mask_tokens (the same draws in the same order), handed to pretrain_step:
+    while grading, the library's mask_tokens is hidden."""
+    if isinstance(special_ids, torch.Tensor) and special_ids.dtype == torch.bool:
+        raise ValueError("special_ids is the list of the special tokens' ids (vocab.special_ids), not a boolean mask")
+    return _corrupt(ids, [int(i) for i in special_ids], mask_id, vocab_size, generator, p)
+
+
+def _training_objects(run: PretrainingRun):
+    model = _tiny_bert(run)
+    if run.optimizer == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.9)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01)
+    # The rate changes at every step, so a scheduler stepped too early or not at all shows.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (1 + step))
+    return model, optimizer, scheduler
+
+
+def _digest(model) -> dict:
+    # Every parameter by name, so that a step that leaves some of them behind names them.
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def _invoke_pretrain_step(fn, case: Case):
+    run = case.args[0]
+    model, optimizer, scheduler = _training_objects(run)
+    generator = torch.Generator().manual_seed(run.seed + 200)
+    out = {}
+    # Checkers run under no_grad; a training step needs gradients. The global generator is seeded (and
+    # restored after) so that a step that forgets to pass `generator` is reproducible, and recognised.
+    with torch.enable_grad(), torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        torch.manual_seed(run.seed + 300)
+        warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))
+        for step, batch in enumerate(_pretraining_batches(run), start=1):
+            losses = fn(model, batch, run.vocab(), _masking, generator, optimizer, scheduler, run.max_norm)
+            if isinstance(losses, (tuple, list)):
+                losses = tuple(x.detach() if isinstance(x, torch.Tensor) else x for x in losses)
+            out[f"losses of step {step} (MLM, NSP)"] = losses
+            out[f"parameters after step {step}"] = _digest(model)
+    out["learning rate after step 2"] = optimizer.param_groups[0]["lr"]
+    return out
+
+
+def _pretrain_cases() -> list[Case]:
     return [
-        _loss_case("2 sentences, 6 positions, vocabulary 11", 940, 2, 6, 11, [2, 2]),
-        _loss_case("3 sentences with 1, 3 and 5 selected tokens", 941, 3, 8, 20, [1, 3, 5]),
-        _loss_case("huge logits at the unselected positions", 942, 2, 5, 7, [1, 2], huge=True),
-        _loss_case("float64, 4 sentences", 943, 4, 10, 30, [2, 1, 4, 3], dtype=torch.float64, hidden=True),
-        _loss_case("one selected token in the batch", 944, 2, 9, 13, [1, 0], hidden=True),
-        _loss_case("huge logits, 3 sentences", 945, 3, 7, 9, [3, 1, 2], huge=True, hidden=True),
-        _loss_case("every position selected", 946, 2, 4, 6, [4, 4], hidden=True),
+        Case("two SGD steps", (PretrainingRun(1),)),
+        Case("two SGD steps, another model and data, clipping at 0.02", (PretrainingRun(2, max_norm=0.02),)),
+        Case("two AdamW steps", (PretrainingRun(3, "adamw", max_norm=0.05),), hidden=True),
+        Case("special ids at the top of the vocabulary", (PretrainingRun(4, specials=(23, 20, 21, 22)),), hidden=True),
+        Case("two SGD steps, longer inputs", (PretrainingRun(5, batch=6, seq=24, max_norm=0.03),), hidden=True),
     ]
 
 
-def _flat(logits, labels):
-    return logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+def _pretrain(model, batch, vocab, mask_tokens, generator, optimizer, scheduler, max_norm, *, zero_grad=True,
+              every_position=False, nsp_in_backward=True, clip=True, step_before_backward=False, specials=True,
+              feed_original=False, pass_generator=True, pass_padding=True, scheduler_order="after"):
+    """pretrain_step with knobs that reproduce common slips."""
+    ids, segments, padding, nsp_labels = batch
+    inputs, labels = mask_tokens(ids, vocab.special_ids if specials else [], vocab.mask_id, len(vocab),
+                                 generator if pass_generator else None)
+    mlm_logits, nsp_logits = model(ids if feed_original else inputs, segments, padding if pass_padding else None)
+    targets = ids if every_position else labels
+    mlm = F.cross_entropy(mlm_logits.reshape(-1, mlm_logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+    nsp = F.cross_entropy(nsp_logits, nsp_labels)
+    if zero_grad:
+        optimizer.zero_grad()
+    if step_before_backward:
+        optimizer.step()
+    (mlm + nsp if nsp_in_backward else mlm).backward()
+    if clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if scheduler_order == "before":
+        scheduler.step()
+    if not step_before_backward:
+        optimizer.step()
+    if scheduler_order == "after":
+        scheduler.step()
+    return mlm.item(), nsp.item()
 
 
-def _ml_divided_by_all(logits, labels):
-    x, y = _flat(logits, labels)
-    return F.cross_entropy(x, y, ignore_index=IGNORE_INDEX, reduction="none").mean()
+def _ps_no_zero_grad(*args):
+    return _pretrain(*args, zero_grad=False)
 
 
-def _ml_summed(logits, labels):
-    return F.cross_entropy(*_flat(logits, labels), ignore_index=IGNORE_INDEX, reduction="sum")
+def _ps_every_position(*args):
+    return _pretrain(*args, every_position=True)
 
 
-def _ml_counted_as_zero(logits, labels):
-    x, y = _flat(logits, labels)
-    return F.cross_entropy(x, y.clamp(min=0))
+def _ps_nsp_left_out(*args):
+    return _pretrain(*args, nsp_in_backward=False)
 
 
-def _ml_no_log_softmax(logits, labels):
-    return F.nll_loss(*_flat(logits, labels), ignore_index=IGNORE_INDEX)
+def _ps_no_clip(*args):
+    return _pretrain(*args, clip=False)
 
 
-def _ml_mean_of_sentences(logits, labels):
-    ce = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none")  # [b, s]
-    counts = (labels != IGNORE_INDEX).sum(dim=1)
-    return (ce.sum(dim=1) / counts).mean()
+def _ps_step_before_backward(*args):
+    return _pretrain(*args, step_before_backward=True)
 
 
-def _scalar(actual):
-    if _tensor(actual) and actual.numel() == 1 and actual.is_floating_point():
-        return float(actual)
-    if isinstance(actual, float):
-        return actual
-    return None
+def _ps_specials(*args):
+    return _pretrain(*args, specials=False)
 
 
-def _ml_negative(case, expected, actual):
-    a = _scalar(actual)
-    return a is not None and a < 0 <= float(expected)
+def _ps_original_ids(*args):
+    return _pretrain(*args, feed_original=True)
 
 
-def _ml_not_scalar(case, expected, actual):
-    return _tensor(actual) and actual.numel() > 1
+def _ps_no_generator(*args):
+    return _pretrain(*args, pass_generator=False)
 
 
-def _ml_counts_unselected(case, expected, actual):
-    a = _scalar(actual)
-    return a is not None and "huge" in case.name and abs(a) > 100 * (abs(float(expected)) + 1)
+def _ps_no_padding(*args):
+    return _pretrain(*args, pass_padding=False)
 
 
-def _ml_ratio(case, expected, actual, ratio_of):
-    a = _scalar(actual)
-    labels = case.args[1]
-    n_sel, n_all = int((labels != IGNORE_INDEX).sum()), labels.numel()
-    ratio = ratio_of(n_sel, n_all)
-    e = float(expected)
-    return a is not None and ratio != 1 and e != 0 and math.isclose(a, e * ratio, rel_tol=1e-4)
+def _ps_no_scheduler(*args):
+    return _pretrain(*args, scheduler_order="none")
 
 
-ML_NEGATIVE = Property(
-    "a negative loss: cross-entropy is -log p >= 0, so the scores were not turned into log-probabilities",
-    "Use F.cross_entropy on the logits (it applies log_softmax itself), not F.nll_loss on raw scores.",
-    _ml_negative,
+def _ps_scheduler_first(*args):
+    return _pretrain(*args, scheduler_order="before")
+
+
+def _ps_unchanged(case, actual) -> set[str]:
+    """Names of the parameters that are, after two steps, exactly what the model started with."""
+    initial = _digest(_tiny_bert(case.args[0]))
+    after = actual["parameters after step 2"]
+    return {name for name in initial if torch.equal(initial[name], after[name])}
+
+
+def _ps_never_moved(case, expected, actual):
+    return _ps_unchanged(case, actual) == set(_digest(_tiny_bert(case.args[0])))
+
+
+def _ps_nsp_head_still(case, expected, actual):
+    left_behind = _ps_unchanged(case, actual) - _ps_unchanged(case, expected)  # the reference moves them all
+    return "nsp.weight" in left_behind and not _ps_never_moved(case, expected, actual)
+
+
+def _ps_others_still(case, expected, actual):
+    left_behind = _ps_unchanged(case, actual) - _ps_unchanged(case, expected)
+    heads = {"nsp.weight", "nsp.bias", "bert.pooler.dense.weight", "bert.pooler.dense.bias"}
+    return bool(left_behind - heads) and not _ps_never_moved(case, expected, actual)
+
+
+def _ps_update_too_long(case, expected, actual):
+    run = case.args[0]
+    if run.optimizer != "sgd":  # with SGD, the first update is lr (1.0) times the clipped gradient
+        return False
+    initial = _digest(_tiny_bert(run))
+    after = actual["parameters after step 1"]
+    length = math.sqrt(sum(float(((after[name] - initial[name]).double() ** 2).sum()) for name in initial))
+    return length > run.max_norm * (1 + 1e-6)
+
+
+def _ps_same(expected, actual, key) -> bool:
+    return describe_difference(expected[key], actual[key]) is None
+
+
+def _ps_losses_right_update_wrong(case, expected, actual):
+    return (_ps_same(expected, actual, "losses of step 1 (MLM, NSP)")
+            and not _ps_same(expected, actual, "parameters after step 1"))
+
+
+def _ps_losses_not_fresh(case, expected, actual):
+    # The reference's step-1 losses are a fresh forward pass of the initial model on the batch the step
+    # corrupted; with the update right, the returned numbers should be those.
+    return (_ps_same(expected, actual, "parameters after step 1")
+            and not _ps_same(expected, actual, "losses of step 1 (MLM, NSP)"))
+
+
+def _ps_first_right_second_wrong(case, expected, actual):
+    first = all(_ps_same(expected, actual, key) for key in ("losses of step 1 (MLM, NSP)", "parameters after step 1"))
+    return first and not _ps_same(expected, actual, "parameters after step 2")
+
+
+PS_NEVER_MOVED = Property(
+    "weights that never moved in two steps: the optimizer stepped before any gradient existed",
+    "Back-propagate first, then step: loss.backward() makes the gradients that optimizer.step() uses (and "
+    "zero_grad() clears them, so it must come before backward()).",
+    _ps_never_moved,
 )
-ML_NOT_SCALAR = Property(
-    "a loss per position instead of one number",
-    "Reduce to one scalar: the mean over the selected positions (F.cross_entropy's default reduction with "
-    "ignore_index=-100).",
-    _ml_not_scalar,
+PS_NSP_HEAD_STILL = Property(
+    "an NSP head (nsp.weight, nsp.bias) that never moved while the rest of the model did: the NSP loss is not in "
+    "the backward pass",
+    "Back-propagate the sum of the two losses, MLM + NSP.",
+    _ps_nsp_head_still,
 )
-ML_COUNTS_UNSELECTED = Property(
-    "a loss that counts unselected positions (enormous where only the unselected positions hold huge scores)",
-    "Skip every position whose label is -100: F.cross_entropy(..., ignore_index=-100), or keep only "
-    "logits[labels != -100].",
-    _ml_counts_unselected,
+PS_OTHERS_STILL = Property(
+    "parameters that never moved while the reference moves them all",
+    "Back-propagate the loss of a forward pass through the whole model, with gradients on (no torch.no_grad(), "
+    "no .detach() on the way).",
+    _ps_others_still,
 )
-ML_DIVIDED_BY_ALL = Property(
-    "the selected positions' losses divided by the number of all positions",
-    "Divide by the number of selected positions, (labels != -100).sum(), not by labels.numel().",
-    lambda case, expected, actual: _ml_ratio(case, expected, actual, lambda n_sel, n_all: n_sel / n_all),
+PS_UPDATE_TOO_LONG = Property(
+    "a first update longer than the clipping allows (with SGD at lr 1.0 it should be at most max_grad_norm)",
+    "Clip after backward() and before optimizer.step(): torch.nn.utils.clip_grad_norm_(model.parameters(), "
+    "max_grad_norm).",
+    _ps_update_too_long,
 )
-ML_SUMMED = Property(
-    "the sum of the selected positions' losses instead of their mean",
-    "Average: divide the sum by the number of selected positions.",
-    lambda case, expected, actual: _ml_ratio(case, expected, actual, lambda n_sel, n_all: n_sel),
+PS_LOSSES_RIGHT_UPDATE_WRONG = Property(
+    "the right losses but the wrong update: the corruption, the forward pass and the losses are right, what "
+    "follows them is not",
+    "After the losses: zero_grad, backward on MLM + NSP, clip the gradient norm, optimizer.step(), "
+    "scheduler.step(), in that order.",
+    _ps_losses_right_update_wrong,
+)
+PS_LOSSES_NOT_FRESH = Property(
+    "returned losses that do not match a fresh forward pass (the update is right, the numbers returned are not "
+    "this batch's MLM and NSP losses before the step)",
+    "Return (mlm_loss.item(), nsp_loss.item()), MLM first, from the forward pass you back-propagated.",
+    _ps_losses_not_fresh,
+)
+PS_FIRST_RIGHT_SECOND_WRONG = Property(
+    "a first step that matches and a second that does not: something carries over from one step to the next",
+    "Clear the gradients at every step (optimizer.zero_grad()), and step the scheduler once per step, after "
+    "optimizer.step().",
+    _ps_first_right_second_wrong,
 )
 
-check_mlm_loss = Checker(
-    name="mlm_loss",
-    reference=mlm_loss,
-    make_cases=_loss_cases,
-    rtol=1e-4,
-    atol=1e-5,
+check_pretrain_step = Checker(
+    name="pretrain_step",
+    reference=pretrain_step,
+    make_cases=_pretrain_cases,
+    invoke=_invoke_pretrain_step,
     mistakes=[
         Mistake(
-            "the mean over every position: the unselected positions add 0 but still count in the denominator",
-            "Average over the selected positions only: F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), "
-            "ignore_index=-100) with the default reduction='mean'.",
-            _ml_divided_by_all,
+            "no optimizer.zero_grad(): the second step's gradients are added to the first step's",
+            "PyTorch accumulates gradients in .grad: call optimizer.zero_grad() in every step, before backward().",
+            _ps_no_zero_grad,
         ),
         Mistake(
-            "the sum over the selected positions instead of the mean",
-            "Use the mean (reduction='mean', the default): a sum grows with the batch and the number of masks.",
-            _ml_summed,
+            "the gradient not clipped, or clipped after optimizer.step() (too late: the step has used it)",
+            "Clip between backward() and optimizer.step(): torch.nn.utils.clip_grad_norm_(model.parameters(), "
+            "max_grad_norm).",
+            _ps_no_clip,
         ),
         Mistake(
-            "labels of -100 turned into 0 and counted: the loss runs over every position",
-            "Leave -100 as it is and tell the loss to skip it: ignore_index=-100.",
-            _ml_counted_as_zero,
+            "optimizer.step() before loss.backward(): the step finds no gradient, and the weights never move",
+            "zero_grad, backward, clip, then step.",
+            _ps_step_before_backward,
         ),
         Mistake(
-            "F.nll_loss on the raw logits: no log_softmax",
-            "nll_loss expects log-probabilities; F.cross_entropy takes the logits and applies log_softmax itself.",
-            _ml_no_log_softmax,
+            "the NSP loss left out of the backward pass (only the MLM loss back-propagated)",
+            "BERT's pre-training loss is the sum of both: back-propagate mlm_loss + nsp_loss.",
+            _ps_nsp_left_out,
         ),
         Mistake(
-            "the mean of per-sentence means: a sentence with one selected token weighs as much as one with five",
-            "Average over all selected tokens of the batch at once: flatten [batch, seq] to one axis first.",
-            _ml_mean_of_sentences,
+            "the MLM loss taken at every position against the original ids, instead of at the selected positions",
+            "Use the labels mask_tokens returns (-100 where nothing was selected) with "
+            "F.cross_entropy(..., ignore_index=-100): only the selected positions count.",
+            _ps_every_position,
+        ),
+        Mistake(
+            "the model run on the original ids instead of the corrupted ones: it sees every answer",
+            "Feed the inputs mask_tokens returns to the model; the original ids only appear in the labels.",
+            _ps_original_ids,
+        ),
+        Mistake(
+            "mask_tokens given no special ids: [CLS], [SEP] and [PAD] can be selected, masked and predicted",
+            "Pass vocab.special_ids (and vocab.mask_id, len(vocab)) to mask_tokens.",
+            _ps_specials,
+        ),
+        Mistake(
+            "mask_tokens called without the generator: the corruption comes from the global random state",
+            "Pass the step's generator to mask_tokens, so that a seeded run gives the same masks.",
+            _ps_no_generator,
+        ),
+        Mistake(
+            "the padding mask not passed to the model: every position attends to the [PAD]s",
+            "Call model(inputs, segment_ids, padding_mask).",
+            _ps_no_padding,
+        ),
+        Mistake(
+            "the scheduler never stepped: the learning rate stays at its first value",
+            "Call scheduler.step() once per step, after optimizer.step().",
+            _ps_no_scheduler,
+        ),
+        Mistake(
+            "scheduler.step() called before optimizer.step(): every step uses the next step's learning rate",
+            "Step the optimizer first, then the scheduler.",
+            _ps_scheduler_first,
         ),
     ],
-    properties=[ML_NEGATIVE, ML_NOT_SCALAR, ML_COUNTS_UNSELECTED, ML_DIVIDED_BY_ALL, ML_SUMMED],
+    properties=[PS_NEVER_MOVED, PS_NSP_HEAD_STILL, PS_OTHERS_STILL, PS_UPDATE_TOO_LONG, PS_LOSSES_RIGHT_UPDATE_WRONG,
+                PS_LOSSES_NOT_FRESH, PS_FIRST_RIGHT_SECOND_WRONG],
 )
+
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 5: classify_from_cls(hidden, pooler, classifier) -> logits [batch, n_classes]
+# Exercise 6: classify_from_cls(hidden, pooler, classifier) -> logits [batch, n_classes]
 # ---------------------------------------------------------------------------------------
 
 _CALL_THE_DENSE = ("calling pooler(hidden) runs the library's own pooler: read the [CLS] state yourself, then use "
@@ -983,7 +1406,7 @@ check_classify_from_cls = Checker(
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 6: best_span(start_logits, end_logits, passage_mask, max_answer_len) -> (start, end)
+# Exercise 7: best_span(start_logits, end_logits, passage_mask, max_answer_len) -> (start, end)
 # ---------------------------------------------------------------------------------------
 
 
@@ -1188,5 +1611,5 @@ check_best_span = Checker(
 )
 
 
-CHECKERS = [check_build_pair_inputs, check_embedding_sum, check_mask_tokens, check_mlm_loss,
+CHECKERS = [check_build_pair_inputs, check_embedding_sum, check_nsp_pairs, check_mask_tokens, check_pretrain_step,
             check_classify_from_cls, check_best_span]
