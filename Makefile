@@ -79,7 +79,7 @@ formgrader: venv
 	  --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) --LabApp.default_url=/formgrader $(ROOT_FLAG)
 
 test: venv-test browser sandbox
-	$(PY) -m pytest -p no:cacheprovider -n 2 --dist loadfile --nbval --nbval-current-env --nbval-cell-timeout=300 tests solutions
+	$(PY) -m pytest -p no:cacheprovider -n 2 --dist loadfile --nbval --nbval-current-env --nbval-cell-timeout=300 --durations=25 tests solutions
 
 test-fast: venv-test
 	$(PY) -m pytest -p no:cacheprovider -n 2 -m "not slow" tests

@@ -42,7 +42,7 @@ RUN_ALL_TIMEOUT = 600  # seconds for one chapter's Run All under the suite's two
 TRAINS_WITH_PROGRESS_BARS = ["07_training_inference", "12_vision_transformers"]
 
 # One exercise per chapter, filled from the keyboard: the answer cell's grade_id, a wrong
-# one-line answer that is a catalogued mistake (named by a word of its name), a right one.
+# answer that is a catalogued mistake (named by a few words of its name), a right one.
 EXERCISES = {
     "01_static_to_contextual": (
         "cosine_similarity", "plain dot product",
@@ -84,15 +84,30 @@ EXERCISES = {
     "09_bert": ("embedding_sum",    "segment embedding left out",
       "def embedding_sum(ids, segment_ids, token_table, segment_table, position_table): return token_table[ids] + position_table[: ids.shape[-1]]",
       "def embedding_sum(ids, segment_ids, token_table, segment_table, position_table): return token_table[ids] + segment_table[segment_ids] + position_table[: ids.shape[-1]]"),
-    "10_gpt": ("temperature_probs",    "multiplied by T",
-      "def temperature_probs(logits, temperature): return torch.softmax(logits * temperature, dim=-1)",
-      "def temperature_probs(logits, temperature): return torch.softmax(logits / temperature, dim=-1)"),
+    "10_gpt": ("gpt_block", "post-norm",
+      "def gpt_block(x, block, cache=None):\n"
+      "    past = 0 if cache is None else cache.length\n"
+      "    mask = causal_mask(past + x.shape[1])[past:]\n"
+      "    x = block.ln_1(x + block.dropout(block.self_attn(x, x, x, mask, cache=cache)))\n"
+      "    return block.ln_2(x + block.dropout(block.feed_forward(x)))",
+      "def gpt_block(x, block, cache=None):\n"
+      "    past = 0 if cache is None else cache.length\n"
+      "    mask = causal_mask(past + x.shape[1])[past:]\n"
+      "    h = block.ln_1(x)\n"
+      "    x = x + block.dropout(block.self_attn(h, h, h, mask, cache=cache))\n"
+      "    return x + block.dropout(block.feed_forward(block.ln_2(x)))"),
     "11_long_sequences": ("sliding_window_mask",    "inverted",
       "def sliding_window_mask(size, window, causal=False): return ~(((torch.arange(size)[:, None] - torch.arange(size)[None, :]).abs() <= window) & ((torch.arange(size)[:, None] >= torch.arange(size)[None, :]) | (not causal)))",
       "def sliding_window_mask(size, window, causal=False): return ((torch.arange(size)[:, None] - torch.arange(size)[None, :]).abs() <= window) & ((torch.arange(size)[:, None] >= torch.arange(size)[None, :]) | (not causal))"),
-    "12_vision_transformers": ("patchify",    "tokens and features swapped",
-      "def patchify(images, patch): return images.unfold(2, patch, patch).unfold(3, patch, patch).permute(0, 2, 3, 1, 4, 5).flatten(3).flatten(1, 2).transpose(1, 2)",
-      "def patchify(images, patch): return images.unfold(2, patch, patch).unfold(3, patch, patch).permute(0, 2, 3, 1, 4, 5).flatten(3).flatten(1, 2)"),
+    "12_vision_transformers": ("vit_forward", "mean of the patch tokens",
+      "def vit_forward(images, model):\n"
+      "    tokens = model.patch_embed(model.patchify(images, model.config.patch_size))\n"
+      "    cls = model.cls_token.expand(images.shape[0], -1, -1)\n"
+      "    return model.head(model.encoder(torch.cat([cls, tokens], 1) + model.pos_embed)[:, 1:].mean(1))",
+      "def vit_forward(images, model):\n"
+      "    tokens = model.patch_embed(model.patchify(images, model.config.patch_size))\n"
+      "    cls = model.cls_token.expand(images.shape[0], -1, -1)\n"
+      "    return model.head(model.encoder(torch.cat([cls, tokens], 1) + model.pos_embed)[:, 0])"),
 }
 
 

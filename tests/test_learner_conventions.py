@@ -125,10 +125,11 @@ def test_every_chapter_draws_a_conceptual_diagram(chapter):
     assert "transformer_lib.diagrams" in code, f"{chapter} draws no diagram from transformer_lib.diagrams"
 
 
-# The chapters that train a model built from the learner's functions: each asserts, with
+# The chapters that run or train a model built from the learner's functions (chapter 06's decoder,
+# chapter 09's BERT, which embeds with the learner's embedding_sum and pre-trains with their step): each asserts, with
 # transformer_lib.checks.model_calls, that the model it trains calls the function the learner's
 # check handed over (theirs when it passes), so "your block carries this model" is measured.
-MODEL_CHAPTERS = {"10_gpt": ["gpt_block_impl", "gpt_forward_impl"],
+MODEL_CHAPTERS = {"06_decoder_masks": ["decoder_layer_forward_impl"], "09_bert": ["embedding_sum_impl"], "10_gpt": ["gpt_block_impl", "gpt_forward_impl"],
                   "12_vision_transformers": ["vit_forward_impl", "swin_window_attention_impl"]}
 
 
