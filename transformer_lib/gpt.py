@@ -602,8 +602,8 @@ class _PromptedLM:
         return torch.log_softmax(logits.float(), dim=-1)  # [batch, vocab]
 
     def decode(self, prompt, src_mask, tgt, tgt_mask=None, cache=None):
-        # Beams that beam search has given up on may carry a placeholder id (-1); their outputs
-        # are never read, but the embedding needs a valid id.
+        # Without an eos, beam search is given the id -1, which no step can choose; clamp it anyway,
+        # since the embedding needs a valid id for anything that reaches it.
         tgt = tgt.clamp(min=0)
         if cache is None:  # the whole sequence: prompt, then the new tokens after the placeholder
             logits = self.model(torch.cat([prompt, tgt[:, 1:]], dim=1))
@@ -617,8 +617,8 @@ def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beam_size
                 length_penalty: float = 0.6, eos_id: int | None = None) -> torch.Tensor:
     """Continue each prompt with the beam_size best partial continuations kept at every step.
 
-    Runs decoding.beam_search (GNMT length penalty, finished hypotheses kept aside, a key/value
-    cache reordered with the beams) on the prompt. Returns [batch, seq + steps]: the prompt and
+    Runs decoding.beam_search (finished hypotheses stay in the beam with their score, a key/value
+    cache reordered with the beams, the GNMT length penalty when the best one is chosen) on the prompt. Returns [batch, seq + steps]: the prompt and
     the best continuation, padded with eos_id after an early eos. beam_size=1 is greedy decoding.
     """
     _check_room(model, prompt, max_new_tokens)
