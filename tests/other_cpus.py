@@ -10,6 +10,7 @@ thread count, so one machine can play the others. Each pass runs nbval, strict a
 import os
 import subprocess
 import sys
+import tempfile
 
 from course_files import ROOT
 
@@ -30,11 +31,16 @@ def run_nbval(chapter: str, **env: str) -> None:
         # 32 s with passive waiting. The wait policy changes no arithmetic, only how threads idle.
         environment.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     environment.pop("PYTEST_XDIST_WORKER", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "--nbval",
-         "--nbval-current-env", "--nbval-cell-timeout=300", str(notebook)],
-        cwd=ROOT, env=environment, capture_output=True, text=True, timeout=1200)
+    # The run's output goes to a file, not into this process's memory: a run gone wrong cannot
+    # grow the test worker, and its last lines are what the failure shows.
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "--nbval",
+             "--nbval-current-env", "--nbval-cell-timeout=300", str(notebook)],
+            cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT, timeout=1200)
+        log.seek(max(0, log.seek(0, os.SEEK_END) - 64_000))
+        output = log.read().decode(errors="replace")
     if proc.returncode != 0:
-        failed = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+        failed = [line for line in output.splitlines() if line.startswith(("FAILED", "ERROR"))]
         raise AssertionError(f"{chapter} with {env}: {len(failed)} cells differ or fail\n" + "\n".join(failed)
-                             + "\n\n" + proc.stdout[-6000:])
+                             + "\n\n" + output[-6000:])

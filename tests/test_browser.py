@@ -286,7 +286,10 @@ def _run_all_and_fill_one_exercise(lab, browser, chapter):
     page = _open(browser, f"{lab['url']}/lab/workspaces/{chapter}/tree/{chapter}/{chapter}.ipynb?reset&token={TOKEN}")
     page.wait_for_selector(f"{NOTEBOOK} .jp-Cell", timeout=120_000)
     page.wait_for_function("() => document.querySelector('.jp-Notebook-ExecutionIndicator') !== null", timeout=60_000)
+    deadline = time.time() + 120
     while not _kernel_idle(page):
+        if time.time() > deadline:
+            pytest.fail(f"{chapter}: the kernel was not idle 120 s after the notebook opened: {_status_bar(page)!r}")
         time.sleep(0.5)
     _run_menu(page, "Run All Cells")
     seen = _wait_until_all_ran(page, len(code_cells), RUN_ALL_TIMEOUT)

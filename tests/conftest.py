@@ -1,0 +1,52 @@
+"""A guard on the memory of each test process.
+
+A CI run once ended with a test worker at 23 GiB killed by the kernel's OOM killer, with nothing in
+the log to say which test grew it, and the run then ran out of time. Each pytest process (the main
+one and every xdist worker) now watches its own resident memory. Past MEMORY_LIMIT it raises
+MemoryGuardTripped in the main thread, where the test runs: that test fails with the line
+it was at, unwinds and frees what it held, and the run goes on. A test stuck in native code that
+keeps growing (past 1.5 x the limit, or still over it 60 s later) ends the process instead;
+pytest-xdist then reports the test the worker crashed in. Either way the other worker and the
+sandboxes keep their memory.
+"""
+
+import ctypes
+import os
+import threading
+import time
+
+MEMORY_LIMIT = int(os.environ.get("COURSE_TEST_MEMORY_LIMIT_GIB", "8")) * 2**30  # a worker runs at about 1.3 GiB
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+class MemoryGuardTripped(MemoryError):
+    """This test made its pytest process exceed the memory guard's limit (tests/conftest.py)."""
+
+
+def _watch(main_thread_id: int) -> None:
+    raised_at = None
+    while True:
+        time.sleep(1.0)
+        try:
+            resident = _resident_bytes()
+        except OSError:
+            return
+        if resident <= MEMORY_LIMIT:
+            raised_at = None
+            continue
+        if raised_at is None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main_thread_id),
+                                                       ctypes.py_object(MemoryGuardTripped))
+            raised_at = time.monotonic()
+        elif resident > 1.5 * MEMORY_LIMIT or time.monotonic() - raised_at > 60:
+            os._exit(70)
+
+
+if not any(t.name == "course-memory-guard" for t in threading.enumerate()):
+    threading.Thread(target=_watch, args=(threading.main_thread().ident,), name="course-memory-guard",
+                     daemon=True).start()
