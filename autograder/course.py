@@ -329,7 +329,9 @@ def build_kit(course: Course, chapter: str) -> "jobs.ChapterKit":
         release_lines=sorted({line.strip() for c in code for line in c.splitlines() if line.strip()}),
         release_markdown=sorted({markdown_digest(c.source) for c in release_nb.cells if c.cell_type == "markdown"}),
         tests=tests, gradebook=gradebook, secrets=sorted(s for s in secrets if len(s) >= 6),
-        hidden_cases=hidden_cases)
+        hidden_cases=hidden_cases,
+        skip_when_grading=sorted({c.source.strip() for c in release_nb.cells if c.cell_type == "code"
+                                  and jobs.SKIP_TAG in c.metadata.get("tags", [])}))
 
 
 def prepare_chapter(course: Course, chapter: str, cache: Path) -> "jobs.ChapterKit":
@@ -354,6 +356,7 @@ class Report:
     isolation: str = ""
     guarantees: dict = field(default_factory=dict)  # what a probe inside a sandbox found: name -> (held, detail)
     seconds: dict = field(default_factory=dict)  # (student, chapter) -> seconds the job took
+    timings: dict = field(default_factory=dict)  # (student, chapter) -> {phase: seconds} of that job
     faults: list = field(default_factory=list)  # the grader's own failures, one line each (make grade exits 1)
 
     def note(self, student: str, chapter: str, text: str) -> None:
@@ -497,6 +500,7 @@ def grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, sche
                               "scores": {t.grade_id: [0.0, t.points] for t in spec.kit.tests}, "comments": {},
                               "flags": [], "autograded": None, "feedback": None, "seconds": 0.0}
                 _merge(course, gb, result, report)
+                report.timings[(spec.student, spec.chapter)] = dict(result.get("timings", {}))
                 score, max_score = report.scores[(spec.student, spec.chapter)]
                 parts = ", ".join(f"{k} {v:.0f}" for k, v in result.get("timings", {}).items())
                 log(f"[{done}/{len(specs)}] {spec.student} / {spec.chapter}: {score:g}/{max_score:g} "

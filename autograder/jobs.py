@@ -5,16 +5,20 @@ course's gradebook; the grader's main process (course.py) merges each job's resu
 kit, built by course.py from the grader's own release), so it runs the same way in a thread of
 `make grade` and on a Dask worker (`make grade SCHEDULER=tcp://...`). A job:
 
-1. rebuilds the submission on the release's skeleton (autograder/sanitize.py);
-2. runs `nbgrader autograde` on a private copy of the course holding only that notebook and a
-   gradebook without solutions, with the kernel in the sandbox (autograder/sandboxed_kernel.py);
-3. runs the independent check: for each checker-based test, a sandboxed run of the notebook up to
-   that test (autograder/sandbox_runner.py) with that test's reference hidden, whose outputs come
-   back through a pipe, bounded, and are loaded with `torch.load(weights_only=True)`, validated
-   (core.validate_outputs) and judged here, in the grader's process;
+1. rebuilds the submission on the release's skeleton (autograder/sanitize.py), with the release's
+   own `skip-when-grading` cells marked (grading mode: training runs no test depends on);
+2. runs the notebook once: `nbgrader autograde` on a private copy of the course holding only that
+   notebook and a gradebook without solutions, with the kernel in the sandbox
+   (autograder/sandboxed_kernel.py) and every reference the chapter grades hidden. Inside that
+   kernel a collector (sandbox_runner.load_ipython_extension) records, just before each checked
+   test cell runs, what the learner's functions return on the checker's cases, and sends it over a
+   FIFO, bounded; it is loaded with `torch.load(weights_only=True)`, validated
+   (core.validate_outputs) and judged here, in the grader's process, as it arrives;
+3. re-runs a test on its own (autograder/sandbox_runner.py, with only that test's reference hidden)
+   when the run called another test's hidden reference, or ended while collecting an earlier test;
 4. applies the grading policy (autograder/policy.py) and writes the final scores into its private
    gradebook, so that `nbgrader generate_feedback` (with autograder/feedback.py) shows them;
-5. returns scores, notes, the autograded notebook and the feedback page.
+5. returns scores, notes, the autograded notebook, the feedback page and the time of each phase.
 
 Any failure inside a job costs only that submission: it comes back with every test at 0 and a
 note saying why.
@@ -55,7 +59,9 @@ WATCHDOG_GRACE = 5  # seconds past the per-cell limit before the grader kills a 
 INPUT_DIR = "/grading/input"
 RUNNER_PATH = "/grading/sandbox_runner.py"
 LIBRARY_DIR = "/grading/lib"
+EXTENSION_DIR = "/grading/extension"  # the kernel's collector (sandbox_runner.py) on its sys.path
 KERNEL_SPEC_VARIABLE = "COURSE_KERNEL_SANDBOX"  # read by sandboxed_kernel.py
+SKIP_TAG = "skip-when-grading"  # sandboxed_kernel.SKIP_TAG (that module imports nbgrader; this one must not)
 
 
 @dataclasses.dataclass
@@ -82,6 +88,8 @@ class ChapterKit:
     gradebook: bytes  # the job's gradebook: the assignment as nbgrader records it, no solutions
     secrets: list[str]  # hidden test lines and hidden case descriptions, scrubbed from feedback
     hidden_cases: dict[str, list[tuple[str, str]]]  # checker name -> [(case description, case name)]
+    # sources (stripped) of the release's code cells tagged skip-when-grading (sandboxed_kernel.SKIP_TAG)
+    skip_when_grading: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -135,6 +143,7 @@ def grade_job(spec: JobSpec) -> dict:
         if clean.notebook is None:
             result["status"] = "unreadable"
             return result
+        _grading_mode(clean.notebook, kit.skip_when_grading)
         with tempfile.TemporaryDirectory(prefix="course-job-") as work, isolation.job_uid() as uid:
             _Job(spec, clean, Path(work), uid, iso, result).run()
     except Exception as exc:  # the grader's own failure on this submission: it alone pays
@@ -172,24 +181,32 @@ class _Job:
         kernel_hidden = [hiding.Hidden(*h) for h in sorted({h for t in kit.tests for h in t.hidden})]
         kernel_copy = hiding.build_copies(self.cache, [kernel_hidden])[0]
 
+        # One sandboxed run of the notebook: nbgrader's kernel executes it for the autograded notebook,
+        # and a collector inside that kernel (sandbox_runner.load_ipython_extension) sends the
+        # outputs of the learner's functions at each checked test cell, judged here as they arrive.
         clock = time.monotonic()
-        autograded, nbgrader_scores = self.autograde(kernel_copy)
-        result.setdefault("timings", {})["nbgrader autograde"] = round(time.monotonic() - clock, 1)
+        autograded, nbgrader_scores, collected, end = self.autograde(kernel_copy, checked)
+        result.setdefault("timings", {})["notebook run"] = round(time.monotonic() - clock, 1)
+        if getattr(self, "first_frame_at", None):  # nbgrader, the sandbox, the kernel and its imports
+            result["timings"]["of which start-up"] = round(self.first_frame_at - self.started_at, 1)
         result["nbgrader_scores"] = nbgrader_scores
 
         stopped = [o for c in autograded.get("cells", []) for o in c.get("outputs", [])
                    if o.get("output_type") == "error" and o.get("ename") == "GradingStopped"]
         if stopped:
             result["notes"].append(f"in nbgrader's run of the notebook, {stopped[0].get('evalue', '')}; the cells "
-                                   "after it did not run there (the tests are scored by the independent check)")
+                                   "after it did not run there")
+        if checked and end is None:  # the kernel's collector never reported: the plain runner does it
+            clock = time.monotonic()
+            collected, end = self.run_sandbox(checked, kernel_copy, interactive=True)
+            result["timings"]["independent check"] = round(time.monotonic() - clock, 1)
+            result["log"] += "\nthe kernel's collector did not start: the outputs were collected by a separate run\n"
+        elif end is None:
+            collected, end = {}, RunEnd("", [])
 
-        # The independent check: one run for every test, with the chapter's references hidden;
-        # a test whose run called the hidden reference of *another* test (a wrong earlier answer
+        # A test whose run called the hidden reference of *another* test (a wrong earlier answer
         # whose later cells fall back on the reference, a checker that needs it) runs again on
         # its own, with only its own reference hidden, exactly as in the learner's lab.
-        clock = time.monotonic()
-        collected, end = self.run_sandbox(checked, kernel_copy, interactive=bool(checked)) if checked else ({}, None)
-        result["timings"]["independent check"] = round(time.monotonic() - clock, 1)
         reruns = []
         for test in checked:
             own = {f"{m}.{n}" for m, n in test.hidden}
@@ -312,10 +329,13 @@ class _Job:
     def _start_driver(self) -> None:
         """One nbgrader process for the job: it autogrades, waits for the final scores, writes feedback."""
         self.driver_log = open(self.work / "nbgrader.log", "ab")
-        self.driver = subprocess.Popen(
-            [isolation.python_executable(), str(HERE / "jobs.py"), "--nbgrader-driver", str(self.course), self.kit.chapter],
-            cwd=self.course, env=self._nbgrader_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self.driver_log, start_new_session=True, preexec_fn=_grader_limits)
+        self.driver = _ZYGOTE.start(str(self.course), self.kit.chapter, self._nbgrader_env(), self.driver_log)
+        if self.driver is None:  # no fork server here (or it died): a fresh interpreter, as before
+            self.driver = subprocess.Popen(
+                [isolation.python_executable(), str(HERE / "jobs.py"), "--nbgrader-driver", str(self.course),
+                 self.kit.chapter],
+                cwd=self.course, env=self._nbgrader_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=self.driver_log, start_new_session=True, preexec_fn=_grader_limits)
 
     def _driver_message(self, timeout: float) -> dict | None:
         """The driver's next message, or None if it died or ran past `timeout`."""
@@ -347,21 +367,54 @@ class _Job:
             self.driver_log.close()
         isolation.kill_uid(self.uid)
 
-    def autograde(self, kernel_copy: Path) -> tuple[dict, dict]:
-        """nbgrader autograde with a sandboxed kernel: (autograded notebook, nbgrader's score per test)."""
+    def autograde(self, kernel_copy: Path, checked: list[TestPlan]) -> tuple[dict, dict, dict, "RunEnd | None"]:
+        """nbgrader autograde with a sandboxed kernel that also collects the checked tests' outputs:
+        (autograded notebook, nbgrader's score per test, collected outputs, how the collection ended;
+        None when the kernel's collector never reported)."""
         self._write_course()
         channel = self.work / "channel"
         channel.mkdir(mode=0o700)
+        outputs_fifo, answers_fifo = channel / "outputs", channel / "answers"
+        plan_path = channel / "collect-plan.json"  # sandbox_runner.PLAN_NAME, found beside the connection file
+        os.mkfifo(outputs_fifo, 0o600)
+        os.mkfifo(answers_fifo, 0o600)
+        plan_path.write_text(json.dumps(self._collect_plan(checked, outputs_fifo, answers_fifo)))
+        os.chmod(plan_path, 0o644)
         if os.geteuid() == 0:
-            os.chown(channel, self.uid, self.uid)
+            for path in (channel, outputs_fifo, answers_fifo):
+                os.chown(path, self.uid, self.uid)
+        extension = self.work / "extension"
+        extension.mkdir()
+        shutil.copyfile(HERE / "sandbox_runner.py", extension / "sandbox_runner.py")
+        os.chmod(extension, 0o755)
+        os.chmod(extension / "sandbox_runner.py", 0o644)
         read_only, env = self._library_binds(kernel_copy)
+        if self.iso.mode == "bubblewrap":
+            read_only = read_only + [[str(extension), EXTENSION_DIR]]
+            env = {**env, "PYTHONPATH": EXTENSION_DIR}
+        else:
+            env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(extension)]))}
         spec = {"uid": self.uid, "channel": str(channel), "isolation": self.iso.mode,
                 "read_only": read_only, "read_write": [[str(channel), str(channel)]],
-                "limits": dataclasses.asdict(self.limits), "env": env,
+                "limits": dataclasses.asdict(self.limits), "env": env, "collect": bool(checked),
                 "notebook_timeout": self.notebook_timeout(), "output_bytes": 2 * 2**20,
                 "stop_after": self._last_test_cell()}
         (self.work / "kernel-sandbox.json").write_text(json.dumps(spec))
-        self._start_driver()
+        # The grader's ends of the FIFOs, open before the kernel starts: outputs are read without
+        # blocking, and the answers FIFO is held open for writing (O_RDWR never waits for a reader).
+        out_read = os.open(outputs_fifo, os.O_RDONLY | os.O_NONBLOCK)
+        in_write = os.open(answers_fifo, os.O_RDWR)
+        try:
+            self.started_at, self.first_frame_at = time.monotonic(), None
+            self._start_driver()
+            collected, end = ({}, None)
+            if checked:
+                collected, end = self._read_frames(out_read, in_write, None, {t.grade_id: t for t in checked},
+                                                   watch=self.driver.stdout.fileno())
+        finally:
+            # Closed before nbgrader finishes: a kernel still sending gets EPIPE, not a full FIFO to block on.
+            os.close(out_read)
+            os.close(in_write)
         message = self._driver_message(self.notebook_timeout() + 180)
         isolation.kill_uid(self.uid)  # nothing of the kernel's sandbox outlives its run
         log = (message or {}).get("log", "")
@@ -376,9 +429,28 @@ class _Job:
             self.result["notes"].append(f"nbgrader's run of the notebook {why}: the tests were scored by the "
                                         "independent check alone, and the feedback shows no outputs")
             self._stop_driver()
-            return json.loads(json.dumps(self.clean.notebook)), {}
+            return json.loads(json.dumps(self.clean.notebook)), {}, collected, end
         autograded = json.loads(path.read_text())
-        return autograded, self._gradebook_scores()
+        return autograded, self._gradebook_scores(), collected, end
+
+    def _collect_plan(self, checked: list[TestPlan], outputs_fifo: Path, answers_fifo: Path) -> dict:
+        """What the kernel's collector needs: the tests, the FIFOs, and every code cell nbgrader will
+        run as (sha256 of its source, index, grade id); test cells as the gradebook restores them."""
+        import hashlib
+
+        restored = {t.grade_id: t.source for t in self.kit.templates if t.kind == "test"}
+        cells = []
+        for index, cell in enumerate(self.clean.notebook["cells"]):
+            if cell.get("cell_type") != "code" or index > self._last_test_cell():
+                continue
+            grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+            source = cell.get("source", "")
+            source = "".join(source) if isinstance(source, list) else source
+            source = restored.get(grade_id, source)
+            cells.append([hashlib.sha256(source.encode()).hexdigest(), index, grade_id])
+        return {"cell_timeout": int(self.spec.cell_timeout), "visible": {}, "fifo_out": str(outputs_fifo),
+                "fifo_in": str(answers_fifo), "cells": cells,
+                "tests": [{"grade_id": t.grade_id, "calls": t.calls, "forbidden": t.forbidden} for t in checked]}
 
     def _last_test_cell(self) -> int:
         """The index of the last graded test cell: nothing after it changes a score, so the kernel
@@ -540,13 +612,19 @@ class _Job:
             isolation.kill_group(proc)
             isolation.kill_uid(self.uid)
 
-    def _read_frames(self, fd: int, reply_fd: int | None, proc: subprocess.Popen,
-                     tests: dict[str, TestPlan]) -> tuple[dict, "RunEnd"]:
+    def _read_frames(self, fd: int, reply_fd: int | None, proc: subprocess.Popen | None,
+                     tests: dict[str, TestPlan], watch: int | None = None) -> tuple[dict, "RunEnd | None"]:
+        """Read one run's frames until it says it is done, ends, or overruns a limit. `proc` is the
+        runner's process; with `watch` (nbgrader's driver, whose kernel sends the frames) the run
+        is over once the driver has answered: a kernel whose collector never sent a frame then
+        gives None (the caller collects with a separate run)."""
         per_cell = self.spec.cell_timeout + WATCHDOG_GRACE
         total_deadline = time.monotonic() + self.notebook_timeout() + 60
         deadline = time.monotonic() + per_cell + 60  # the first cell also waits for the imports
         buffer = bytearray()
         last_cell, called = "the start", []
+        cell_started = time.monotonic()
+        connected = False
         skipping, skip_head = 0, bytearray()
         collected: dict[str, Collected] = {}
 
@@ -554,20 +632,38 @@ class _Job:
             during = bool(problem) and str(last_cell).startswith("test ")
             return collected, RunEnd(problem, called, during, str(last_cell)[5:] if during else "")
 
+        def overran() -> str:
+            where = last_cell if str(last_cell).startswith("test") else f"cell {last_cell}"
+            return (f"{where} ran past the per-cell limit of {self.spec.cell_timeout} s and did not stop "
+                    "when interrupted: the run was stopped")
+
         while True:
             now = time.monotonic()
             limit = min(deadline, total_deadline)
             if now >= limit:
                 if limit == total_deadline:
                     return end(f"the notebook ran past the grader's total limit (last at {last_cell})")
-                where = last_cell if str(last_cell).startswith("test") else f"cell {last_cell}"
-                return end(f"{where} ran past the per-cell limit of {self.spec.cell_timeout} s and did not stop "
-                           "when interrupted: the run was stopped")
-            ready, _, _ = select.select([fd], [], [], min(1.0, limit - now))
+                return end(overran())
+            ready, _, _ = select.select([fd] + ([watch] if watch is not None else []), [], [], min(1.0, limit - now))
             if not ready:
                 continue
-            chunk = os.read(fd, 1 << 20)
+            if fd not in ready:  # the driver answered: the kernel's run is over
+                if not connected:
+                    return collected, None
+                return end("")
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except BlockingIOError:
+                continue
             if not chunk:
+                if proc is None:
+                    if not connected and watch is not None:
+                        return collected, None
+                    if time.monotonic() - cell_started >= self.spec.cell_timeout:
+                        return end(overran())
+                    where = f"while running {last_cell}" if str(last_cell).startswith("test") else f"in cell {last_cell}"
+                    return end(f"the notebook's process ended {where} before the test's outputs were sent "
+                               "(os._exit, a crash or the memory limit)")
                 code = proc.poll()
                 if code is None:
                     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -575,6 +671,9 @@ class _Job:
                 where = f"while running {last_cell}" if str(last_cell).startswith("test") else f"in cell {last_cell}"
                 return end(f"the notebook's process ended {where} before the test's outputs were sent "
                            f"(exit status {code}: os._exit, a crash or the memory limit)")
+            if not connected:
+                self.first_frame_at = time.monotonic()
+            connected = True
             buffer += chunk
             while True:
                 if skipping:  # an oversized frame: keep its first bytes (the test's id), drop the rest
@@ -616,6 +715,7 @@ class _Job:
                         called = [str(n)[:200] for n in info.get("called", [])][:100]
                     except Exception:
                         return end("the run sent a malformed progress message: stopped")
+                    cell_started = time.monotonic()
                     deadline = time.monotonic() + per_cell
                 elif kind == b"R":
                     head, _, body = payload.partition(b"\0")
@@ -757,6 +857,23 @@ class _Job:
             gb.db.commit()
 
 
+def _grading_mode(notebook: dict, skipped_sources: list[str]) -> None:
+    """The skip-when-grading tag on exactly the course's own tagged cells, as the release has them:
+    a learner who changed such a cell has it run; a tag the learner added is dropped."""
+    skipped = set(skipped_sources)
+    for cell in notebook.get("cells", []):
+        if cell.get("cell_type") != "code":
+            continue
+        source = cell.get("source", "")
+        source = "".join(source) if isinstance(source, list) else source
+        metadata = cell.setdefault("metadata", {})
+        tags = [t for t in metadata.get("tags", []) if t != SKIP_TAG] if isinstance(metadata.get("tags"), list) else []
+        if source.strip() in skipped:
+            tags.append(SKIP_TAG)
+        if tags or "tags" in metadata:
+            metadata["tags"] = tags
+
+
 def _private(folder: Path) -> bool:
     """True when `folder` (if it exists) and its parent belong to us and no one else may write them."""
     for path in (folder, folder.parent):
@@ -824,5 +941,162 @@ def _driver(course: str, chapter: str) -> None:
     say(api.generate_feedback(chapter, STUDENT, force=True))
 
 
+# -- a fork server for the job's nbgrader process --------------------------------------------------
+#
+# Importing nbgrader (nbconvert, traitlets, SQLAlchemy, jupyter_client) costs about 2.3 s of CPU,
+# as much as a small chapter's whole run. One process per grader (per Dask worker) imports it once
+# and forks a fresh copy for each job: the copy has never seen another job's data (the server
+# reads no notebook), gets the job's environment, folder, pipes and memory limit, and is killed
+# with its process group like the interpreter it replaces. If the server is not there (it died,
+# or cannot start), the job starts an interpreter as before.
+
+
+class _ForkedDriver:
+    """What the job uses of a subprocess.Popen, for a driver forked by the server (not our child:
+    the server reaps it)."""
+
+    def __init__(self, pid: int, stdin, stdout):
+        self.pid, self.stdin, self.stdout = pid, stdin, stdout
+
+    def poll(self):
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return 0
+        return None
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None):
+        deadline = time.monotonic() + (timeout if timeout is not None else 10**9)
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("nbgrader driver", timeout)
+            time.sleep(0.02)
+        for stream in (self.stdin, self.stdout):
+            with contextlib.suppress(OSError):
+                stream.close()
+        return 0
+
+
+class _Zygote:
+    def __init__(self):
+        import threading
+
+        self.lock = threading.Lock()
+        self.proc = None
+        self.sock = None
+        self.failed = False
+
+    def _spawn(self) -> None:
+        import socket
+
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.proc = subprocess.Popen([isolation.python_executable(), str(HERE / "jobs.py"), "--nbgrader-zygote",
+                                      str(child.fileno())], pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                     cwd=tempfile.gettempdir())
+        child.close()
+        self.sock = parent
+        parent.settimeout(120)
+        if parent.recv(6) != b"ready\n":
+            raise RuntimeError("the nbgrader fork server did not start")
+
+    def start(self, course: str, chapter: str, env: dict, log) -> "_ForkedDriver | None":
+        import socket
+
+        if os.environ.get("COURSE_NO_FORK_SERVER") or self.failed:
+            return None
+        with self.lock:
+            try:
+                if self.proc is None or self.proc.poll() is not None:
+                    self._spawn()
+                in_read, in_write = os.pipe()
+                out_read, out_write = os.pipe()
+                request = json.dumps({"course": course, "chapter": chapter, "env": env}).encode()
+                try:
+                    socket.send_fds(self.sock, [struct.pack(">I", len(request)) + request],
+                                    [in_read, out_write, log.fileno()])
+                    pid = int(self.sock.recv(32).decode().strip() or "0")
+                finally:
+                    os.close(in_read)
+                    os.close(out_write)
+                if pid <= 0:
+                    raise RuntimeError("the fork server gave no process")
+                return _ForkedDriver(pid, os.fdopen(in_write, "wb"), os.fdopen(out_read, "rb"))
+            except Exception:
+                with contextlib.suppress(Exception):
+                    os.close(in_write)
+                    os.close(out_read)
+                if self.proc is not None:
+                    with contextlib.suppress(Exception):
+                        self.proc.kill()
+                self.proc = None
+                self.failed = True  # this process starts drivers the plain way from now on
+                return None
+
+
+_ZYGOTE = _Zygote()
+
+
+def _zygote(fd: int) -> None:
+    """The fork server: import what the driver needs, then fork one driver per request."""
+    import socket
+
+    from traitlets.config.loader import PyFileConfigLoader  # noqa: F401
+    from nbgrader.apps import NbGraderAPI  # noqa: F401
+    from nbgrader.coursedir import CourseDirectory  # noqa: F401
+    import sandboxed_kernel  # noqa: F401  (nbgrader's preprocessors for the job's config)
+    import feedback  # noqa: F401
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the drivers
+    sock = socket.socket(fileno=fd)
+    sock.sendall(b"ready\n")
+    while True:
+        try:
+            head, fds, _, _ = socket.recv_fds(sock, 4, 3)
+        except OSError:
+            return
+        if len(head) < 4:
+            return  # the grader is gone
+        size = struct.unpack(">I", head)[0]
+        body = b""
+        while len(body) < size:
+            chunk = sock.recv(size - len(body))
+            if not chunk:
+                return
+            body += chunk
+        request = json.loads(body)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setsid()
+                sock.close()
+                for target, source in zip((0, 1, 2), fds):
+                    os.dup2(source, target)
+                for source in fds:
+                    os.close(source)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                os.environ.clear()
+                os.environ.update(request["env"])
+                os.chdir(request["course"])
+                _grader_limits()
+                sys.stdin = os.fdopen(0, "r")
+                sys.stdout = os.fdopen(1, "w")
+                sys.stderr = os.fdopen(2, "w")
+                _driver(request["course"], request["chapter"])
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                os._exit(0)
+        for source in fds:
+            os.close(source)
+        sock.sendall(f"{pid}\n".encode())
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["--nbgrader-driver"]:
     _driver(sys.argv[2], sys.argv[3])
+elif __name__ == "__main__" and sys.argv[1:2] == ["--nbgrader-zygote"]:
+    _zygote(int(sys.argv[2]))

@@ -8,6 +8,12 @@ no network, a read-only root with only the Python environment and a copy of tran
 without the chapter's reference answers, limits on memory, CPU, processes and file size, and a
 PID namespace that takes every process the kernel started with it.
 
+The kernel also loads the grader's collector (sandbox_runner.load_ipython_extension) when the job
+asks for it: the same run then sends the outputs of the learner's functions at each checked test
+cell to the grader, so each submission's notebook runs once. Code cells tagged skip-when-grading
+(training runs no graded test depends on, tests/test_grading_mode.py) are not run: their output
+says so, in the autograded notebook and the feedback.
+
 The kernel talks to nbgrader over Unix sockets (ZeroMQ's ipc transport) in a folder that is the
 only host folder the sandbox may write to. The run stops after the last graded cell: nothing later
 changes a score, and the feedback does not show those cells' outputs. Interrupts go as messages (the kernel's own process
@@ -36,6 +42,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import isolation  # noqa: E402
 
 SPEC_VARIABLE = "COURSE_KERNEL_SANDBOX"
+# Grading mode: a code cell tagged so (a training run, a demonstration) is not run while grading.
+# tests/test_grading_mode.py checks that no later cell up to the last graded test reads a name
+# such a cell defines, so no score can depend on it.
+SKIP_TAG = "skip-when-grading"
+SKIPPED_TEXT = ("[not run while grading: this cell trains a model or draws a demonstration, and no graded test "
+                "depends on it (tag skip-when-grading). It runs as usual in your own lab.]\n")
 
 
 def _load_spec() -> dict:
@@ -76,6 +88,8 @@ class SandboxedKernelManager(AsyncKernelManager):
         cmd = super().format_kernel_cmd(extra_arguments)
         if os.path.realpath(cmd[0]) == os.path.realpath(sys.executable):
             cmd[0] = isolation.python_executable()
+        if self._course_spec.get("collect"):  # the grader's collector (sandbox_runner.py), loaded before any cell
+            cmd = cmd + ["--IPKernelApp.extensions=sandbox_runner"]
         return isolation.wrap(sandbox_spec(self._course_spec), cmd, isolation.detect(self._course_spec["isolation"]))
 
     async def _async_pre_start_kernel(self, **kw):
@@ -127,6 +141,9 @@ class SandboxedExecute(Execute):
 
     def preprocess_cell(self, cell, resources, index):
         if index > self._stop_after:  # after the last graded cell nothing changes a score: not run
+            return cell, resources
+        if cell.cell_type == "code" and SKIP_TAG in cell.metadata.get("tags", []):
+            cell.outputs = [NotebookNode(output_type="stream", name="stdout", text=SKIPPED_TEXT)]
             return cell, resources
         if time.monotonic() > self._deadline:
             raise NotebookStopped(f"the notebook ran past the grader's total limit of {self._budget:.0f} s")

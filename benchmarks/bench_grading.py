@@ -1,24 +1,44 @@
-"""How fast `make grade` grades a class: N copies of a correct chapter-02 submission, graded with
-one job and with two, on a scratch copy of the course (nothing in autograder/ is touched).
+"""How fast `make grade` grades a class, on a scratch copy of the course (nothing in autograder/ is
+touched). Two modes:
 
-Each job is one submission of one chapter, fully isolated (autograder/jobs.py): nbgrader's run
-of the notebook with the kernel in the sandbox, the independent check in the sandbox, judging
-and feedback. The grader's process merges the results and is the one writer of the gradebook.
-Goal: a speed-up of at least 1.8x with 2 jobs on the course's 2-core machine. The two runs must
-give exactly the grades and notes of the serial run.
+* chapter 02 only (the default): N copies of a correct submission, graded with one job and with
+  two; the runs must give exactly the same grades and notes. Goal: a speed-up of at least 1.8x
+  with 2 jobs on a 2-core machine.
 
-    .venv/bin/python benchmarks/bench_grading.py              # 10 students, 1 job then 2 jobs
-    .venv/bin/python benchmarks/bench_grading.py --students 20 --jobs 1 2 4
+      .venv/bin/python benchmarks/bench_grading.py                   # 10 students, 1 job then 2 jobs
+      .venv/bin/python benchmarks/bench_grading.py --students 20 --jobs 1 2 4
 
-The last line printed is one JSON object: {"students": N, "seconds": {"1": ..., "2": ...},
-"speedup": ..., "students_per_minute": {...}, "identical": true}.
+* the whole course (`--course`): N students x all twelve chapters, two of every three handing in
+  the solutions and one the untouched release, graded once with `--jobs` parallel jobs (or on a
+  Dask LocalCluster with that many one-thread workers, `--scheduler local`). It prints:
+  - the CPU time the whole machine spent (from /proc/stat: every process, sandboxes included) and
+    the part `getrusage` sees (the grader and the children it reaped), and the wall time;
+  - core-seconds per student: the machine's CPU time after the one-off set-up (the release and the
+    chapters' kits), divided by N; and wall x cores per student, which counts idle cores too;
+  - per chapter, the mean seconds of each phase of a job (nbgrader's run of the notebook with the
+    outputs collected in the same kernel, its start-up, re-runs, feedback), for solutions and blanks;
+  - the start-up costs alone: a sandboxed interpreter, the same importing torch and the checkers,
+    and nbgrader's own process;
+  - the projection for 300 students on 16 cores: set-up + 300 x core-seconds per student / 16.
+  `--save FILE` writes every (student, chapter)'s score and notes; `--compare FILE` checks that a
+  run gives exactly the saved ones (the grader before and after a change, on the same submissions).
+
+      .venv/bin/python benchmarks/bench_grading.py --course --students 3 --jobs 2 --save /tmp/grades.json
+
+Goal for the whole course: at most 95 core-seconds per student (300 students x 12 chapters in 30
+minutes on 16 cores). The machine must be otherwise idle: /proc/stat counts every process.
+
+The last line printed is one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,11 +46,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "autograder"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 import course as course_cli  # noqa: E402
 from adversarial import build as adversarial  # noqa: E402
 
 CHAPTER = adversarial.CHAPTER
+TARGET_CORE_SECONDS = 95  # per student, whole course: 300 students in 30 minutes on 16 cores
+
+
+# -- chapter 02, 1 job against 2 ----------------------------------------------------------------
 
 
 def make_course(folder: Path, students: int) -> course_cli.Course:
@@ -51,44 +76,206 @@ def make_course(folder: Path, students: int) -> course_cli.Course:
     return course
 
 
-def grade(course: course_cli.Course, jobs: int, cell_timeout: int) -> tuple[float, dict]:
+def grade(course: course_cli.Course, jobs: int, cell_timeout: int, scheduler=None, log=None):
     for name in ["autograded", "feedback", ".release"]:
         shutil.rmtree(course.root / "autograder" / name, ignore_errors=True)
     (course.root / "autograder" / "gradebook.db").unlink(missing_ok=True)
     started = time.perf_counter()
-    report = course_cli.grade(course, cell_timeout=cell_timeout, jobs=jobs)
+    report = course_cli.grade(course, cell_timeout=cell_timeout, jobs=jobs, scheduler=scheduler, log=log)
     seconds = time.perf_counter() - started
-    return seconds, {f"{s}/{c}": [report.scores[(s, c)], report.notes.get((s, c), [])] for s, c in report.scores}
+    results = {f"{s}/{c}": [list(report.scores[(s, c)]), report.notes.get((s, c), [])] for s, c in sorted(report.scores)}
+    return seconds, results, report
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--students", type=int, default=10)
-    parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--cell-timeout", type=int, default=120)
-    args = parser.parse_args(argv)
+def chapter_02(args) -> int:
     seconds, results = {}, {}
+    max_points = course_cli._max_points(course_cli.Course(ROOT), CHAPTER)
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
         course = make_course(Path(tmp), args.students)
         # An untimed first grade builds the library copies (cached in the course) and warms the disk cache.
         grade(course, max(args.jobs), args.cell_timeout)
         for jobs in args.jobs:
-            seconds[jobs], results[jobs] = grade(course, jobs, args.cell_timeout)
+            seconds[jobs], results[jobs], _ = grade(course, jobs, args.cell_timeout)
             print(f"{jobs} job(s): {args.students} students in {seconds[jobs]:.1f} s, "
                   f"{60 * args.students / seconds[jobs]:.1f} students per minute", flush=True)
     base, most = min(args.jobs), max(args.jobs)
     identical = all(results[j] == results[base] for j in args.jobs)
-    right = all(tuple(score) == (8.0, 8.0) for score, _ in results[base].values())
+    right = all(tuple(score) == (max_points, max_points) for score, _ in results[base].values())
     for jobs in sorted(args.jobs):
         if jobs != base:
             print(f"speed-up with {jobs} jobs: {seconds[base] / seconds[jobs]:.2f}x")
-    print(f"results identical to the {base}-job run: {identical}; every student 8/8: {right}")
+    print(f"results identical to the {base}-job run: {identical}; every student {max_points:g}/{max_points:g}: {right}")
     summary = {"students": args.students, "seconds": {str(j): round(s, 1) for j, s in seconds.items()},
                "speedup": round(seconds[base] / seconds[most], 2),
                "students_per_minute": {str(j): round(60 * args.students / s, 1) for j, s in seconds.items()},
                "identical": identical, "all_full_marks": right}
     print(json.dumps(summary))
     return 0 if identical and right else 1
+
+
+# -- the whole course ------------------------------------------------------------------------------
+
+
+def busy_seconds() -> float:
+    """CPU seconds every process of the machine has used since boot (/proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def reaped_seconds() -> float:
+    import resource
+
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+def startup_costs(repeat: int = 3) -> dict:
+    """Median seconds of: a sandboxed interpreter doing nothing; one importing torch and the
+    checkers (what every sandboxed run pays first); nbgrader's own process importing nbgrader."""
+    import isolation
+
+    iso = isolation.detect()
+    python = isolation.python_executable()
+
+    def timed(argv) -> float:
+        runs = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           cwd=tempfile.gettempdir())
+            runs.append(time.perf_counter() - started)
+        return round(statistics.median(runs), 2)
+
+    import hiding
+
+    library = str(hiding.library_root())  # bound read-only where it lives, as a job binds its copy
+    with isolation.job_uid() as uid:
+        spec = isolation.SandboxSpec(uid=uid, read_only=[(library, library)])
+        bare = timed(isolation.wrap(spec, [python, "-I", "-c", "pass"], iso))
+        imports = timed(isolation.wrap(spec, [python, "-I", "-c", "import torch, transformer_lib.checks"], iso))
+    nbgrader = timed([python, "-c", "from nbgrader.apps import NbGraderAPI"])
+    return {"sandboxed interpreter": bare, "sandboxed interpreter + torch + checkers": imports,
+            "nbgrader's process": nbgrader}
+
+
+def make_class(folder: Path, students: int) -> tuple[course_cli.Course, dict]:
+    """Two of every three students hand in the solutions, one the untouched release."""
+    from course_files import CHAPTERS, released, scratch_course, solution
+
+    import nbformat
+
+    course = scratch_course(folder)
+    kinds = {}
+    for i in range(students):
+        name, notebook_of = (f"s{i:03d}_blank", released) if i % 3 == 2 else (f"s{i:03d}_solutions", solution)
+        kinds[name] = "blank" if i % 3 == 2 else "solutions"
+        for chapter in CHAPTERS:
+            target = course.submitted / name / chapter
+            target.mkdir(parents=True, exist_ok=True)
+            nbformat.write(notebook_of(chapter), target / f"{chapter}.ipynb")
+    return course, kinds
+
+
+def whole_course(args) -> int:
+    jobs = max(args.jobs)
+    cores = len(os.sched_getaffinity(0))
+    startup = startup_costs()
+    print("start-up costs (median of 3, s):", json.dumps(startup), flush=True)
+    cluster = client = None
+    if args.scheduler == "local":
+        import distributed
+
+        cluster = distributed.LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=None)
+        client = distributed.Client(cluster)
+    marks = {}
+
+    def log(text: str) -> None:
+        if text.startswith("isolation:") and "setup" not in marks:
+            marks["setup"] = (time.perf_counter(), busy_seconds())
+        if args.verbose:
+            print(text, flush=True)
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-course-") as tmp:
+            course, kinds = make_class(Path(tmp), args.students)
+            chapters = course.chapters()
+            wall0, busy0, reaped0 = time.perf_counter(), busy_seconds(), reaped_seconds()
+            seconds, results, report = grade(course, jobs, args.cell_timeout, scheduler=client, log=log)
+            wall, busy, reaped = seconds, busy_seconds() - busy0, reaped_seconds() - reaped0
+            if args.save:
+                Path(args.save).write_text(json.dumps(results, indent=1, sort_keys=True))
+    finally:
+        if client is not None:
+            client.close()
+            cluster.close()
+    setup_wall, setup_busy = marks["setup"][0] - wall0, marks["setup"][1] - busy0
+    per_student = (busy - setup_busy) / args.students
+    wall_per_student = (wall - setup_wall) * cores / args.students
+    projected = setup_wall + 300 * per_student / 16
+
+    timings = getattr(report, "timings", {})  # (the grader before this benchmark's mode had no per-job timings)
+    phases = sorted({p for t in timings.values() for p in t})
+    print(f"\n{args.students} students x {len(chapters)} chapters, "
+          f"{'a Dask LocalCluster of ' + str(jobs) + ' workers' if client else str(jobs) + ' jobs'} on {cores} cores")
+    print(f"wall {wall:.1f} s (set-up {setup_wall:.1f} s); CPU of the whole machine {busy:.1f} core-s "
+          f"(set-up {setup_busy:.1f}); seen by getrusage {reaped:.1f} core-s")
+    print(f"core-seconds per student: {per_student:.1f} (CPU); {wall_per_student:.1f} (wall x cores, idle included)")
+    print(f"projected for 300 students on 16 cores: {projected / 60:.1f} min "
+          f"(goal {TARGET_CORE_SECONDS} core-s per student, 30 min)")
+    print(f"\nmean seconds per job ({', '.join(phases)}; job = the whole job):")
+    header = f"{'chapter':28s} {'kind':9s} " + " ".join(f"{p[:16]:>16s}" for p in phases) + f" {'job':>6s}"
+    print(header)
+    table = {}
+    for chapter in chapters:
+        for kind in ("solutions", "blank"):
+            keys = [(s, chapter) for s in kinds if kinds[s] == kind and (s, chapter) in report.seconds]
+            if not keys:
+                continue
+            row = {p: round(statistics.mean(timings[k].get(p, 0.0) for k in keys), 1) for p in phases}
+            row["job"] = round(statistics.mean(report.seconds[k] for k in keys), 1)
+            table[f"{chapter}/{kind}"] = row
+            print(f"{chapter:28s} {kind:9s} " + " ".join(f"{row[p]:16.1f}" for p in phases) + f" {row['job']:6.1f}")
+    totals = {kind: round(sum(r["job"] for k, r in table.items() if k.endswith(kind)), 1) for kind in ("solutions", "blank")}
+    print(f"sum over chapters of the mean job: solutions {totals['solutions']} s, blank {totals['blank']} s")
+
+    identical = None
+    if args.compare:
+        saved = json.loads(Path(args.compare).read_text())
+        differ = sorted(k for k in set(saved) | set(results) if saved.get(k) != results.get(k))
+        identical = not differ
+        for key in differ[:10]:
+            print(f"differs from {args.compare}: {key}: {saved.get(key)} -> {results.get(key)}")
+    right = all(tuple(score) == (score[1], score[1]) if kinds[key.split("/")[0]] == "solutions" else score[0] == 0
+                for key, (score, _) in results.items())
+    print(f"solutions full marks and blanks 0: {right}; identical to {args.compare}: {identical}")
+    summary = {"students": args.students, "chapters": len(chapters), "jobs": jobs,
+               "scheduler": args.scheduler or "threads", "cores": cores, "wall_s": round(wall, 1),
+               "setup_wall_s": round(setup_wall, 1), "machine_cpu_s": round(busy, 1), "getrusage_cpu_s": round(reaped, 1),
+               "core_s_per_student": round(per_student, 1), "wall_core_s_per_student": round(wall_per_student, 1),
+               "projected_300_on_16_min": round(projected / 60, 1), "goal_met": per_student <= TARGET_CORE_SECONDS,
+               "startup_s": startup, "per_chapter": table, "right": right, "identical": identical}
+    print(json.dumps(summary))
+    return 0 if right and identical is not False else 1
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--course", action="store_true", help="every chapter, solutions and blanks mixed")
+    parser.add_argument("--students", type=int, default=None, help="default: 10 (chapter 02), 3 (--course)")
+    parser.add_argument("--jobs", type=int, nargs="+", default=None, help="default: 1 2 (chapter 02), 2 (--course)")
+    parser.add_argument("--scheduler", choices=["local"], default=None, help="--course on a Dask LocalCluster")
+    parser.add_argument("--cell-timeout", type=int, default=120)
+    parser.add_argument("--save", help="--course: write the grades and notes here")
+    parser.add_argument("--compare", help="--course: fail unless the grades and notes equal this file's")
+    parser.add_argument("--verbose", action="store_true", help="print the grader's progress lines")
+    args = parser.parse_args(argv)
+    if args.course:
+        args.students, args.jobs = args.students or 3, args.jobs or [2]
+        return whole_course(args)
+    args.students, args.jobs = args.students or 10, args.jobs or [1, 2]
+    return chapter_02(args)
 
 
 if __name__ == "__main__":

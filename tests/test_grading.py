@@ -162,3 +162,18 @@ def test_grades_are_exported_and_tabulated(graded):
     assert "alice_solutions" in table and "notes:" in table
     notes = list(csv.DictReader(open(course.root / "autograder" / "report.csv")))
     assert any(r["student"] == "dave_deleted_test" and "deleted" in r["notes"] for r in notes)
+
+
+def test_training_cells_are_skipped_while_grading_and_the_feedback_says_so(graded):
+    """Grading mode (autograder/sandboxed_kernel.py): the release's skip-when-grading cells are not
+    run in nbgrader's kernel; their output in the autograded notebook and the feedback says why."""
+    course, _ = graded
+    for chapter in ("09_bert", "10_gpt"):
+        tagged = [i for i, c in enumerate(solution(chapter).cells) if "skip-when-grading" in c.metadata.get("tags", [])]
+        assert tagged, f"{chapter} has no cell tagged skip-when-grading"
+        autograded = nbformat.read(course.autograded / "alice_solutions" / chapter / f"{chapter}.ipynb", as_version=4)
+        for i in tagged:
+            text = "".join(o.get("text", "") for o in autograded.cells[i].outputs)
+            assert text.startswith("[not run while grading"), (chapter, i, autograded.cells[i].outputs[:1])
+        page = html.unescape((course.feedback / "alice_solutions" / chapter / f"{chapter}.html").read_text())
+        assert "not run while grading" in page

@@ -876,7 +876,7 @@ for part, impl, checker in [("the inputs", build_pair_inputs_impl, check_build_p
 # %% [markdown]
 # 500 steps of 32 pairs, each one a call of `pretrain_step_impl`: the pre-training below runs on your step.
 
-# %% tags=["nbval-ignore-output", "timing"]
+# %% tags=["nbval-ignore-output", "timing", "skip-when-grading"]
 g = torch.Generator().manual_seed(3)  # draws the batches and the masks
 optimiser, schedule = optimiser_and_schedule(pretrained, 3e-3, PRETRAIN_STEPS)
 mlm_history, nsp_history = [], []
@@ -894,7 +894,7 @@ print(f"{PRETRAIN_STEPS} steps in {time.perf_counter() - start:.1f} s")
 # The losses, smoothed over 25 steps. MLM starts at $\log 124 \approx 4.8$ (a uniform guess over the vocabulary);
 # NSP at $\log 2 \approx 0.69$. On the left both, on the right NSP alone, magnified, with the learning rate:
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "skip-when-grading"]
 def smooth(values, k=25):
     return torch.tensor(values).unfold(0, k, 1).mean(dim=1)
 
@@ -924,7 +924,7 @@ print("NSP loss, mean of each 50 steps:", [round(sum(nsp_history[i:i + 50]) / 50
 # The last digits of these losses depend on your processor: it adds floats in its own order, and 500 steps of
 # training amplify the difference. What the chapter reads from them holds on any machine:
 
-# %%
+# %% tags=["skip-when-grading"]
 print(f"NSP loss of a coin toss: log 2 = {math.log(2):.3f}; of a perfect topic detector: {perfect_topic:.3f}")
 first_half_nsp, last_nsp = sum(nsp_history[:250]) / 250, sum(nsp_history[-50:]) / 50
 measured = f"MLM {final_mlm:.3f}, NSP {final_nsp:.3f}, NSP first half {first_half_nsp:.3f}, last 50 {last_nsp:.3f}"
@@ -958,7 +958,7 @@ claim(last_nsp < sum(nsp_history[-100:-50]) / 50, "and the last 50 steps are low
 # The baseline is the best guess that ignores the context: the most frequent token of the training text, at
 # every `[MASK]`.
 
-# %%
+# %% tags=["skip-when-grading"]
 test_documents = sense_documents(200, sentences_per_document=3, seed=10)
 test_pairs = nsp_pairs_impl(word_documents(test_documents), 1000, seed=11)
 test_ids, test_segments, test_padding, test_nsp = encode_pairs(test_pairs)
@@ -975,7 +975,7 @@ print(f"[MASK] positions: {int(at_mask.sum())}; baseline (always '{vocab.itos[mo
 # *which kind* of word stands there, never *which one*. To find those places, we generate 200 sentences from
 # each template and see where they differ:
 
-# %%
+# %% tags=["skip-when-grading"]
 open_places = {}  # (sense, template) -> one bool per word: does the template leave this word open?
 for template in range(10):
     samples = sense_sentences(200, seed=50, templates=[template])  # 100 of each sense, fruit and company in turn
@@ -993,7 +993,7 @@ same_topic = torch.tensor([origin[tuple(a)][0] == origin[tuple(b)][0] for a, b, 
 nsp_ceiling = 1 - ((test_nsp == 1) & same_topic).float().mean().item()  # only a NotNext on the same topic fools it
 print(f"NSP: the best accuracy a perfect topic detector gets on these 1,000 pairs: {nsp_ceiling:.3f}")
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "skip-when-grading"]
 with torch.no_grad():
     mlm_logits, nsp_logits = pretrained(test_inputs, test_segments, test_padding)
 right = mlm_logits.argmax(dim=-1) == test_labels  # [1000, 28]
@@ -1007,7 +1007,7 @@ print(f"[MASK] accuracy: {mask_accuracy:.3f} (where the template fixes the word:
       f"where it leaves it open: {open_accuracy:.3f}); misses at an open place: {open_share_of_misses:.3f}")
 print(f"NSP accuracy: {nsp_accuracy:.3f}   (chance 0.5, a perfect topic detector {nsp_ceiling:.3f})")
 
-# %%
+# %% tags=["skip-when-grading"]
 measured = (f"[MASK] {mask_accuracy:.3f} (fixed {fixed_accuracy:.3f}, open {open_accuracy:.3f}, misses at open places "
             f"{open_share_of_misses:.3f}), NSP {nsp_accuracy:.3f}")  # shown if a claim fails
 claim(mask_accuracy >= 0.7, f"the model fills at least 70% of the [MASK] positions (the baseline: {baseline:.1%})",
@@ -1031,7 +1031,7 @@ claim(0.55 <= nsp_accuracy <= nsp_ceiling + 0.02, "NSP accuracy is at least 55%,
 # two company sentences, the model's three best guesses, and how much probability it gives to each kind of word:
 # all the fruits but *apple* together, and all the companies but *apple* (which is both, so it counts for neither):
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "skip-when-grading"]
 def mask_probabilities(words):
     """The model's probabilities for the one [MASK] in `words`: [vocab]."""
     ids_, segments_, padding_ = build_pair_inputs_impl(vocab.encode(words), None, MAX_LEN, vocab.cls_id, vocab.sep_id,
@@ -1079,7 +1079,7 @@ claim(min(apple_probability.values()) >= 0.05, "'apple' gets at least 5% in each
 # templates, and the position embedding alone could set the two groups apart. So we compare with a **control**, the
 # same encoder before pre-training (a copy of the initial weights, kept in section 9). Where *apple* stands:
 
-# %%
+# %% tags=["skip-when-grading"]
 apple_sentences = sense_sentences(400, seed=20, apple_share=1.0)
 apple_id = vocab.stoi["apple"]
 
@@ -1108,7 +1108,7 @@ for sense in (0, 1):
 # so that the position cannot help. Then the picture: each encoder's vectors on their two main directions (PCA),
 # coloured by the sense the template gave them.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "skip-when-grading"]
 def apple_states(model):
     """The final state of the first 'apple' of each sentence: [400, 64]."""
     with torch.no_grad():
@@ -1155,7 +1155,7 @@ plt.show()
 for name, values in measures.items():
     print(f"{name:>19}: " + ", ".join(f"{what} {value:.3f}" for what, value in values.items()))
 
-# %%
+# %% tags=["skip-when-grading"]
 control, trained = measures["untrained (control)"], measures["pre-trained"]
 measured = str(measures)  # shown if a claim fails
 claim(0.8 <= control["own centre"] <= 0.95 and control["same place"] > 0.99,
@@ -1236,7 +1236,7 @@ classify_from_cls_impl = yours_or_reference(classify_from_cls, check_classify_fr
 # fine-tuning runs of this section and the next two share one loop, `train`: the update of your `pretrain_step`
 # (without the clipping), around a function that draws a batch and returns its loss.
 
-# %%
+# %% tags=["skip-when-grading"]
 def train(model, loss_of_batch, n_steps, lr, seed, desc):
     """AdamW with optimiser_and_schedule's warm-up and decay; loss_of_batch(g) draws a batch with the generator g
     and returns the loss. Returns the list of losses."""
@@ -1279,7 +1279,7 @@ def sense_logits(model, ids, segments, padding):
 SENSE_STEPS = 40
 sense_models = {"pre-trained": sense_model(True), "from scratch": sense_model(False)}
 
-# %% tags=["nbval-ignore-output", "timing"]
+# %% tags=["nbval-ignore-output", "timing", "skip-when-grading"]
 for name, model in sense_models.items():
     def loss_of_batch(g, model=model):
         ids, segments, padding, y = batch_of(g, *train_x)
@@ -1288,7 +1288,7 @@ for name, model in sense_models.items():
     train(model, loss_of_batch, SENSE_STEPS, lr=1e-3, seed=5, desc=name)
     model.eval()
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "skip-when-grading"]
 sense_accuracy = {}  # name -> (training sentences, unseen templates)
 with torch.no_grad():
     for name, model in sense_models.items():
@@ -1297,7 +1297,7 @@ with torch.no_grad():
         sense_accuracy[name] = train_accuracy, test_accuracy
         print(f"{name:>12}: training sentences {train_accuracy:.3f}, unseen templates {test_accuracy:.3f}")
 
-# %%
+# %% tags=["skip-when-grading"]
 (pre_train, pre_test), (scratch_train, scratch_test) = sense_accuracy["pre-trained"], sense_accuracy["from scratch"]
 measured = f"pre-trained {pre_train:.3f} / {pre_test:.3f}, from scratch {scratch_train:.3f} / {scratch_test:.3f}"
 claim(min(pre_train, scratch_train) >= 0.95, "both models learn the 40 training sentences (at least 95% right)",
@@ -1316,7 +1316,7 @@ claim(pre_test > scratch_test, "the pre-trained model gets more of them right", 
 # How much better? One fine-tuning run of 40 steps depends on its seed, which sets the first weights of what is
 # not pre-trained (the classifier; for the model from scratch, everything) and the order of the batches. Three more seeds, for both models, from the same pre-trained encoder:
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "skip-when-grading"]
 def fine_tuned_sense_accuracy(from_pretrained, seed):
     """Fine-tune a sense model with its own seed (classifier initialisation, batch order): its accuracy on the
     unseen templates."""
@@ -1340,7 +1340,7 @@ for seed, accuracy in seed_accuracy.items():
 mean_accuracy = {name: sum(a[name] for a in seed_accuracy.values()) / len(seed_accuracy) for name in sense_models}
 print(" the mean: " + ", ".join(f"{name} {value:.3f}" for name, value in mean_accuracy.items()))
 
-# %%
+# %% tags=["skip-when-grading"]
 measured = str(seed_accuracy)  # shown if a claim fails
 claim(mean_accuracy["pre-trained"] >= 0.9 and mean_accuracy["from scratch"] <= 0.88,
       "averaged over the four seeds: pre-trained at least 90%, from scratch at most 88%", measured=measured)
@@ -1364,7 +1364,7 @@ claim(sum(a["pre-trained"] > a["from scratch"] for a in seed_accuracy.values()) 
 # −100 and are skipped, as in the MLM loss. 300 sentences and 40 steps, again from the pre-trained encoder and from
 # scratch:
 
-# %%
+# %% tags=["skip-when-grading"]
 def tagging_data(sentences):
     ids, segments, padding = encode_sentences(sentences)
     tags = torch.full(ids.shape, -100)  # [n, MAX_LEN]: -100 on [CLS], [SEP] and padding
@@ -1393,7 +1393,7 @@ def tagger_model(from_pretrained):
 
 taggers = {"pre-trained": tagger_model(True), "from scratch": tagger_model(False)}
 
-# %% tags=["nbval-ignore-output", "timing"]
+# %% tags=["nbval-ignore-output", "timing", "skip-when-grading"]
 for name, model in taggers.items():
     def loss_of_batch(g, model=model):
         ids, segments, padding, tags = batch_of(g, *tag_train)
@@ -1403,7 +1403,7 @@ for name, model in taggers.items():
     train(model, loss_of_batch, 40, lr=3e-3, seed=7, desc=name)
     model.eval()
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "skip-when-grading"]
 tag_accuracy = {}  # name -> {group: accuracy}
 print(f"{'':>12}  " + "  ".join(f"{what} ({int(where.sum())})" for what, where in groups.items()))
 with torch.no_grad():
@@ -1418,7 +1418,7 @@ words = vocab.decode(tag_test[0][row][real[row]])
 print("pre-trained:", " ".join(f"{w}/{TAGS[t]}" if TAGS[t] != "O" else w
                                for w, t in zip(words, predicted[real[row]].tolist())))
 
-# %%
+# %% tags=["skip-when-grading"]
 pre, scratch = tag_accuracy["pre-trained"], tag_accuracy["from scratch"]
 measured = f"pre-trained {pre}, from scratch {scratch}"  # shown if a claim fails
 claim(min(pre["all words"], scratch["all words"]) >= 0.98, "both taggers get at least 98% of all the words right",

@@ -617,7 +617,7 @@ print(f"character-level GPT: {sum(p.numel() for p in char_model.parameters()):,}
 print(f"{STEPS} steps x {BATCH} windows x {CONTEXT} characters = {STEPS * BATCH * CONTEXT:,} characters seen, "
       f"{STEPS * BATCH * CONTEXT / len(train_text):.2f} passes over the training text")
 
-# %% tags=["nbval-ignore-output", "timing"]
+# %% tags=["nbval-ignore-output", "timing", "skip-when-grading"]
 start = time.perf_counter()
 char_history = train_lm(char_model, train_ids, context=CONTEXT, batch_size=BATCH, lr=LR, steps=STEPS,
                         loss_fn=next_token_loss_impl, generator=torch.Generator().manual_seed(0),
@@ -628,7 +628,7 @@ print(f"{STEPS} steps in {time.perf_counter() - start:.1f} s")
 # Whose code did that training run? `model_calls` (from `transformer_lib.checks`) runs the model once on a window
 # and counts the calls made through every attribute that is the given function:
 
-# %%
+# %% tags=["skip-when-grading"]
 first_window = train_ids[:CONTEXT][None]  # [1, 32]
 assert model_calls(char_model, gpt_block_impl, first_window) == char_config.n_layers  # once per block
 assert model_calls(char_model, gpt_forward_impl, first_window) == 1
@@ -643,7 +643,7 @@ print(f"the character GPT trained above ran {whose(gpt_block_impl, gpt_block)} g
 # machine to another (the order of float sums changes the training a little), so what the chapter claims from
 # them follows the table.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "skip-when-grading"]
 char_model.eval()
 char_nats = evaluate_lm(char_model, val_ids, context=CONTEXT, stride=CONTEXT // 2)
 results = dict(baselines, **{"character GPT": char_nats})
@@ -651,7 +651,7 @@ print(f"{'model':<20} {'nats/char':>9} {'bits/char':>9} {'perplexity':>10}")
 for name, nats in results.items():
     print(f"{name:<20} {nats:9.3f} {bits_per_char_impl(nats, n, n):9.3f} {math.exp(nats):10.1f}")
 
-# %%
+# %% tags=["skip-when-grading"]
 smooth = torch.tensor(char_history).unfold(0, 20, 1).mean(dim=1)  # moving average over 20 steps, ending at steps 20..400
 
 
@@ -670,7 +670,7 @@ claim(first_step_below(unigram_nats) <= 40, "its training loss (20-step average)
       measured=measured)
 claim(100 <= first_step_below(bigram_nats) <= 150, "and below the bigram level after 100 to 150 steps", measured=measured)
 
-# %%
+# %% tags=["skip-when-grading"]
 fig, ax = plt.subplots(figsize=(7.5, 3.8))
 ax.plot(range(20, len(char_history) + 1), smooth, label="character GPT, training loss (20-step average)")
 ax.axhline(unigram_nats, color="#999999", linestyle="--", label=f"unigram baseline ({unigram_nats:.2f})")
@@ -708,7 +708,7 @@ plt.show()
 # at the beginning of a paragraph (a newline, as in the corpus), so each factor is
 # $P(\text{character} \mid \text{everything before it})$:
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "skip-when-grading"]
 sentence = "\nIt takes great courage."
 ids = chars.encode(sentence)[None]  # [1, 24]
 with torch.no_grad():
@@ -724,7 +724,7 @@ print(f"sum of the 23 log-probabilities: {picked.sum():.2f} nats, so P(sentence 
 # does not. The sum of the log-factors is exactly $-(L-1)$ times the mean next-token loss, so your
 # `next_token_loss` scores whole sentences too:
 
-# %%
+# %% tags=["skip-when-grading"]
 with torch.no_grad():
     via_loss = -(ids.shape[1] - 1) * next_token_loss_impl(char_model(ids), ids).item()
 claim(abs(picked.sum().item() - via_loss) < 1e-3,
@@ -735,7 +735,7 @@ claim(abs(picked.sum().item() - via_loss) < 1e-3,
 # The same characters in a scrambled order are much less likely: the model has learned something about English,
 # at least about where spaces and capitals go, and how its words are spelt.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "skip-when-grading"]
 def sentence_log_prob(model, tokenizer, text):
     """log P(text[1:] | text[0]) = -(L - 1) * the mean next-token loss."""
     ids = tokenizer.encode(text)[None]  # [1, L]
@@ -748,7 +748,7 @@ scores = {text: sentence_log_prob(char_model, chars, text)
 for text, score in scores.items():
     print(f"log P({text[1:]!r:26} | new paragraph) = {score:7.2f} nats")
 
-# %%
+# %% tags=["skip-when-grading"]
 real, words_scrambled, letters_scrambled = scores.values()
 measured = f"{real:.2f} vs {words_scrambled:.2f} and {letters_scrambled:.2f} nats"
 claim(real >= words_scrambled + 4, "the sentence is at least 4 nats (a factor e^4 ≈ 55) more probable than its words "
@@ -774,7 +774,7 @@ print(f"validation text: {len(val_text):,} characters -> {len(bpe_val):,} tokens
 example = bpe.encode("The for statement iterates over the items of a sequence.")
 print("tokens:", [bpe.decode([i]) for i in example.ids])
 
-# %%
+# %% tags=["skip-when-grading"]
 bpe_config = GPTConfig(vocab_size=bpe.get_vocab_size(), max_len=CONTEXT, d_model=96, n_heads=4, n_layers=2,
                        dropout=0.0)
 torch.manual_seed(10)
@@ -789,13 +789,13 @@ for name, model in [("character GPT", char_model), ("BPE GPT", bpe_model)]:
 more = sizes["BPE GPT"] - sizes["character GPT"]
 print(f"the BPE GPT has {more:,} parameters more, {more / sizes['character GPT']:.0%}, all in its token table")
 
-# %% tags=["nbval-ignore-output", "timing"]
+# %% tags=["nbval-ignore-output", "timing", "skip-when-grading"]
 start = time.perf_counter()
 bpe_history = train_lm(bpe_model, bpe_train, context=CONTEXT, batch_size=BATCH, lr=LR, steps=STEPS,
                        loss_fn=next_token_loss_impl, generator=torch.Generator().manual_seed(0), desc="BPE GPT")
 print(f"{STEPS} steps in {time.perf_counter() - start:.1f} s")
 
-# %%
+# %% tags=["skip-when-grading"]
 assert model_calls(bpe_model, gpt_block_impl, bpe_train[:CONTEXT][None]) == bpe_config.n_layers
 assert model_calls(bpe_model, gpt_forward_impl, bpe_train[:CONTEXT][None]) == 1
 print(f"the BPE GPT, too, ran {whose(gpt_block_impl, gpt_block)} gpt_block and {whose(gpt_forward_impl, gpt_forward)} "
@@ -808,7 +808,7 @@ print(f"the BPE GPT, too, ran {whose(gpt_block_impl, gpt_block)} gpt_block and {
 # total information over the validation text, divided by its number of characters (section 4). Both models are
 # scored on the whole validation text.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "skip-when-grading"]
 bpe_model.eval()
 bpe_nats_per_token = evaluate_lm(bpe_model, bpe_val, context=CONTEXT, stride=CONTEXT // 2)
 n_tokens, n_chars = len(bpe_val) - 1, len(val_text) - 1  # predictions made; characters they cover
@@ -818,7 +818,7 @@ for name, vocab, nats, tokens, characters in rows:
     bpc = bits_per_char_impl(nats, tokens, characters)
     print(f"{name:<14} {vocab:5d} {nats:10.3f} {math.exp(nats):16.1f} {bpc * math.log(2):9.3f} {bpc:9.3f}")
 
-# %%
+# %% tags=["skip-when-grading"]
 bpe_nats_per_char = bpe_nats_per_token * n_tokens / n_chars
 measured = (f"BPE {bpe_nats_per_token:.3f} nats/token = {bpe_nats_per_char:.3f} nats/char; "
             f"character GPT {char_nats:.3f} nats/char")
@@ -914,14 +914,14 @@ greedy_generate_impl = yours_or_reference(greedy_generate, check_greedy_generate
 # the whole sequence): the tokens are the same, one by one. (The text itself depends on the trained weights, so
 # its characters may differ on another machine; the claim below does not.)
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "skip-when-grading"]
 prompt = chars.encode("\nThe ")[None]  # [1, 5]
 with torch.no_grad():
     cached = greedy_generate_impl(char_model, prompt, CONTEXT - prompt.shape[1])  # fills the 32-position context
 uncached = generate(char_model, prompt, CONTEXT - prompt.shape[1], greedy=True, use_cache=False)
 print("greedy:", repr(chars.decode(cached[0])))
 
-# %%
+# %% tags=["skip-when-grading"]
 claim(torch.equal(cached, uncached), "greedy output is identical with and without the key/value cache, token for token",
       measured=f"{chars.decode(cached[0])!r} vs {chars.decode(uncached[0])!r}")
 
@@ -931,11 +931,11 @@ claim(torch.equal(cached, uncached), "greedy output is identical with and withou
 # `generate_long` slides a window along, as nanoGPT does: when the window is full it keeps the last 16 tokens
 # and starts a fresh cache.)
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "skip-when-grading"]
 greedy_text = generate_long(char_model, prompt, 150, generate_fn=greedy_generate_impl)
 print(repr(chars.decode(greedy_text[0, 1:])))
 
-# %%
+# %% tags=["skip-when-grading"]
 greedy_chars = chars.decode(greedy_text[0, prompt.shape[1]:])  # the 150 generated characters
 stretches = [greedy_chars[i:i + 12] for i in range(len(greedy_chars) - 11)]
 loop = max(stretches, key=stretches.count)
@@ -987,7 +987,7 @@ temperature_probs_impl = yours_or_reference(temperature_probs, check_temperature
 # The model's distribution for the character after `"The value of the "`, at three temperatures (the 12 most
 # probable characters at $T = 1$):
 
-# %%
+# %% tags=["skip-when-grading"]
 context_ids = chars.encode("The value of the ")[None]  # [1, 17]
 with torch.no_grad():
     next_logits = char_model(context_ids)[0, -1]  # [V]
@@ -1071,7 +1071,7 @@ top_p_filter_impl = yours_or_reference(top_p_filter, check_top_p_filter)
 # The adaptivity, measured: how many characters the nucleus keeps at $p = 0.9$, in a context where the model is
 # sure of the next character and in one where it is not. Top-k would keep the same $k$ in both.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "skip-when-grading"]
 nucleus_size = {}
 for text in ["The value of the ", "The value of the expressio", "\n"]:
     with torch.no_grad():
@@ -1080,7 +1080,7 @@ for text in ["The value of the ", "The value of the expressio", "\n"]:
     best = logits.softmax(-1).max().item()
     print(f"after {text!r:26}: top character has p = {best:.2f}; the 0.9-nucleus keeps {nucleus_size[text]:3d} of {V}")
 
-# %%
+# %% tags=["skip-when-grading"]
 measured = str(nucleus_size)
 claim(nucleus_size["The value of the expressio"] <= 2,
       "where the model is sure (after 'expressio'), the 0.9-nucleus keeps at most 2 characters", measured=measured)

@@ -104,7 +104,7 @@ print(f"\n512 -> 1024: cost x {(1024 / 512) ** 2:.0f};  512 -> 2048: cost x {(20
 # largest total (Python's own `tracemalloc` cannot see these allocations). The times are CPU times, and depend on
 # your machine, so the numbers will differ from one computer to the next; the slopes should not.
 
-# %% tags=["nbval-ignore-output", "timing"]
+# %% tags=["nbval-ignore-output", "timing", "skip-when-grading"]
 def best_time(fn, repeats=3):
     """CPU seconds of one call: the fastest of `repeats` calls after a warm-up. CPU time
     (time.process_time) counts the work this program does, not the time it waits while other
@@ -142,7 +142,7 @@ claim(all(memory[n] == 4 * (4 * n * n + n) for n in SIZES),
       "at every n the peak memory is four n x n float32 matrices (plus one number per row)",
       measured=str({n: memory[n] for n in SIZES}))
 
-# %% tags=["nbval-ignore-output", "timing"]
+# %% tags=["nbval-ignore-output", "timing", "skip-when-grading"]
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
 for ax, values, unit, title in [(axes[0], seconds, 1e3, "time (ms)"), (axes[1], memory, 2**-20, "peak memory (MiB)")]:
     ns = np.array(SIZES)
@@ -243,7 +243,7 @@ sliding_window_mask_impl = yours_or_reference(sliding_window_mask, check_sliding
 # How many pairs does a window keep? Every row has at most $2w + 1$ cells on (fewer near the two ends), so the
 # count grows like $n (2w + 1)$. For a window of 128 on each side:
 
-# %%
+# %% tags=["skip-when-grading"]
 for n in [1024, 2048, 4096]:
     pairs = int(sliding_window_mask_impl(n, 128).sum())
     print(f"n = {n:>5}: {pairs:>11,} pairs of {n * n:>11,} ({100 * pairs / n**2:5.2f}%), "
@@ -600,7 +600,7 @@ print(f"scores computed: dense {n * n:,}, banded at most {computed:,} (n / b blo
 # fall outside the band), but that overhead is a constant factor: double $n$ and the work doubles. Measured, your
 # `banded_attention` (or the reference, if yours does not pass yet) with a window of 64 on each side:
 
-# %% tags=["nbval-ignore-output", "timing"]
+# %% tags=["nbval-ignore-output", "timing", "skip-when-grading"]
 measured["banded"] = ({}, {})
 for n in SIZES:
     q, k, v = random_qkv(n)
@@ -894,7 +894,7 @@ claim(rank_lin <= D < rank_soft, f"the linear weights have rank at most d = {D},
 #
 # Measured cost (the non-causal form):
 
-# %% tags=["nbval-ignore-output", "timing"]
+# %% tags=["nbval-ignore-output", "timing", "skip-when-grading"]
 measured["linear"] = ({}, {})
 for n in SIZES:
     q, k, v = random_qkv(n)
