@@ -31,6 +31,11 @@ from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import List, Unicode
 
+# What a cell tagged skip-when-grading shows in the autograded notebook and the feedback
+# (autograder/sandboxed_kernel.py writes it in place of running the cell).
+SKIPPED_TEXT = ("[not run while grading: this cell trains a model or draws a demonstration, and no graded test "
+                "depends on it (tag skip-when-grading). It runs as usual in your own lab.]\n")
+
 GRADING_KEY = "course_grading"  # cell metadata the grader writes into its autograded notebooks
 TEXT_MIME = "text/plain"
 IMAGE_MIME = ("image/png", "image/jpeg")
@@ -79,7 +84,8 @@ class SafeOutputs(NbGraderPreprocessor):
     banner = Unicode(
         "**Feedback from the course's grader.** Each test cell shows the grader's verdict; answer cells keep "
         "their text output. Outputs of the other cells are not shown: the grader ran your notebook without "
-        "the library's reference answers.").tag(config=True)
+        "the library's reference answers. Cells marked \"not run while grading\" (trainings no test depends on) "
+        "were skipped.").tag(config=True)
 
     def preprocess(self, nb, resources):
         nb, resources = super().preprocess(nb, resources)
@@ -98,8 +104,9 @@ class SafeOutputs(NbGraderPreprocessor):
             return cell, resources
         if cell.cell_type != "code" or _is_test(cell):
             return cell, resources
-        if not _is_answer(cell):
-            cell.outputs = []
+        if not _is_answer(cell):  # only the grader's own word that a cell was skipped in grading mode
+            cell.outputs = [o for o in cell.get("outputs", [])
+                            if o.get("output_type") == "stream" and o.get("text") == SKIPPED_TEXT]
             return cell, resources
         kept = []
         for output in cell.get("outputs", []):

@@ -40,14 +40,13 @@ from nbgrader.preprocessors import Execute
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import isolation  # noqa: E402
+from feedback import SKIPPED_TEXT  # noqa: E402
 
 SPEC_VARIABLE = "COURSE_KERNEL_SANDBOX"
 # Grading mode: a code cell tagged so (a training run, a demonstration) is not run while grading.
 # tests/test_grading_mode.py checks that no later cell up to the last graded test reads a name
 # such a cell defines, so no score can depend on it.
 SKIP_TAG = "skip-when-grading"
-SKIPPED_TEXT = ("[not run while grading: this cell trains a model or draws a demonstration, and no graded test "
-                "depends on it (tag skip-when-grading). It runs as usual in your own lab.]\n")
 
 
 def _load_spec() -> dict:
@@ -122,6 +121,14 @@ class SandboxedExecute(Execute):
         self._output_cap = int(spec.get("output_bytes", 2 * 2**20))
         self._budget = float(spec.get("notebook_timeout", 3600))
         self._stop_after = int(spec.get("stop_after", 10**9))
+        if spec.get("collect"):
+            # A test cell first has the learner's functions run on the checker's cases (the grader's
+            # collector, with the per-cell limit of its own), then runs its own checks: twice the limit.
+            self.timeout_func = self._timeout_of
+
+    def _timeout_of(self, cell) -> int:
+        meta = cell.metadata.get("nbgrader", {})
+        return 2 * self.timeout + 10 if meta.get("grade") and not meta.get("solution") else self.timeout
 
     # -- output cap ----------------------------------------------------------------------------
 

@@ -10,8 +10,8 @@ pytest-xdist then reports the test the worker crashed in. Either way the other w
 sandboxes keep their memory.
 """
 
-import ctypes
 import os
+import signal
 import threading
 import time
 
@@ -40,13 +40,21 @@ def _watch(main_thread_id: int) -> None:
             raised_at = None
             continue
         if raised_at is None:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main_thread_id),
-                                                       ctypes.py_object(MemoryGuardTripped))
+            # A signal interrupts the main thread even while it waits in a lock or a select (an
+            # asynchronous exception would wait for its next bytecode); the handler raises there.
+            signal.pthread_kill(main_thread_id, signal.SIGUSR1)
             raised_at = time.monotonic()
         elif resident > 1.5 * MEMORY_LIMIT or time.monotonic() - raised_at > 60:
             os._exit(70)
 
 
-if not any(t.name == "course-memory-guard" for t in threading.enumerate()):
+def _raise_in_main_thread(signum, frame):
+    raise MemoryGuardTripped(f"this test took its pytest process past {MEMORY_LIMIT / 2**30:.0f} GiB "
+                             "(tests/conftest.py)")
+
+
+if not any(t.name == "course-memory-guard" for t in threading.enumerate()) and \
+        threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGUSR1, _raise_in_main_thread)
     threading.Thread(target=_watch, args=(threading.main_thread().ident,), name="course-memory-guard",
                      daemon=True).start()
