@@ -93,6 +93,16 @@ def test_solutions_get_every_point(graded):
     assert not any(s == "alice_solutions" for s, _ in report.notes)
 
 
+def test_a_right_notebook_runs_once(graded):
+    """nbgrader's run hides every reference of the chapter, so a checker whose cases, or the objects it
+    hands the learner's function, needed another exercise's reference failed a right answer there and
+    cost a second sandboxed run. No chapter may need one."""
+    course, report = graded
+    rerun = {chapter: report.timings[("alice_solutions", chapter)] for chapter in CHAPTERS
+             if "re-runs" in report.timings[("alice_solutions", chapter)]}
+    assert not rerun
+
+
 def test_blank_stubs_get_zero(graded):
     course, report = graded
     for chapter in CHAPTERS:

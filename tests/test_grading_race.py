@@ -1,5 +1,5 @@
-"""The grader's threads do not race: parsing under stress, every chapter's kit at once, and a fault
-while preparing one chapter that costs only that chapter.
+"""The grader's threads do not race: parsing under stress, judging with seeded references at once,
+every chapter's kit at once, and a fault while preparing one chapter that costs only that chapter.
 
 CPython 3.11's `ast` is not thread-safe (python/cpython#106905): two threads building parse trees
 while a garbage collection switches between them fail with "AST constructor recursion depth
@@ -26,7 +26,7 @@ import hiding  # noqa: E402
 import sanitize  # noqa: E402
 
 from transformer_lib import safe_ast  # noqa: E402
-from transformer_lib.checks import get_checker  # noqa: E402
+from transformer_lib.checks import core, get_checker  # noqa: E402
 
 SOURCES = [p.read_text() for p in sorted((ROOT / "transformer_lib").glob("*.py"))]
 
@@ -163,6 +163,64 @@ def _prepare_every_chapter_at_once(folder: str) -> None:
         churner.join()
         sys.setswitchinterval(old_interval)
         gc.set_threshold(700, 10, 10)
+
+
+# Checkers whose cases, references or mistakes seed torch's default generator (fork_rng, then
+# manual_seed) and draw from it: model weights, dropout, a sampler's global state.
+SEEDING_CHECKERS = ["gpt_block", "sample", "pretrain_step", "encoder_layer_forward", "train_step",
+                    "decoder_layer_forward"]
+
+
+def _judge_at_once(rounds: int = 12, stop_at_first: bool = False) -> list[str]:
+    """Each seeding checker judged in its own thread, over and over, on its reference's own outputs
+    (a right answer), its expected outputs recomputed every round; thread switches forced often.
+    Returns the verdicts that were not a pass (with stop_at_first, the first one or none)."""
+    checkers = [get_checker(name) for name in SEEDING_CHECKERS]
+    right = {c.name: c.collect_outputs(c.reference, True) for c in checkers}
+    start = threading.Barrier(len(checkers))
+    wrong = []
+
+    def judge_repeatedly(checker):
+        for _ in range(rounds):
+            try:
+                start.wait()
+            except threading.BrokenBarrierError:
+                return
+            checker._expected.clear()
+            verdict = checker.judge(right[checker.name], True)
+            if not verdict.passed:
+                wrong.append(verdict.message)
+                if stop_at_first:
+                    start.abort()
+                    return
+
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=judge_repeatedly, args=(c,)) for c in checkers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(old_interval)
+        for checker in checkers:
+            checker._expected.clear()
+    return wrong
+
+
+def test_without_the_lock_judging_in_threads_gives_a_right_answer_wrong_verdicts(monkeypatch):
+    """The race is real: with checks.core's lock replaced by nothing, one thread reseeds torch's
+    generator while another builds its model, and the reference's own outputs fail. (`make grade`
+    judged a correct chapter-10 submission 16/19 this way, beside a chapter-09 job.)"""
+    import contextlib
+
+    monkeypatch.setattr(core, "SHARED_STATE", contextlib.nullcontext())
+    assert _judge_at_once(stop_at_first=True), "the stress did not reproduce the race: it no longer proves the lock below"
+
+
+def test_judging_in_threads_gives_a_right_answer_every_point():
+    assert _judge_at_once() == []
 
 
 @pytest.mark.slow

@@ -852,9 +852,12 @@ def _decoder_layer_cases() -> list[Case]:
         memory = randn(g, batch, s, d_model, dtype=dtype, scale=1.5)  # [batch, S, d_model]
         src = _tokens(src_lengths, s)
         tgt = _tokens(tgt_lengths, t)
-        tgt_mask = decoder_self_mask(tgt, 0) if tgt_layout == "combined" else causal_mask(t)  # [B,1,T,T] or [T,T]
+        # The masks are built here, not with causal_mask, padding_mask or decoder_self_mask: the grader
+        # runs the whole chapter with every exercise's reference hidden, and a case may not need one.
+        tgt_keys = (tgt != 0)[:, None, None, :]  # [B, 1, 1, T]
+        tgt_mask = _tril(t) & tgt_keys if tgt_layout == "combined" else _tril(t)  # [B, 1, T, T] or [T, T]
         kwargs = dict(d_model=d_model, n_heads=n_heads, norm_first=norm_first, x=x, memory=memory,
-                      src_mask=padding_mask(src, 0), tgt_mask=tgt_mask, tgt_lengths=tgt_lengths,
+                      src_mask=(src != 0)[:, None, None, :], tgt_mask=tgt_mask, tgt_lengths=tgt_lengths,
                       new_last=randn(g, batch, d_model, dtype=dtype, scale=1.5), seed=6060 + len(cases))
         cases.append(Case(name, (), kwargs, hidden))
 

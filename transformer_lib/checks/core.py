@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import threading
 from typing import Any, Callable
 
 import torch
@@ -248,6 +249,14 @@ def describe_difference(expected, actual, where: str = "output", rtol=1e-5, atol
     return None
 
 
+# torch's default generator (and its default dtype, and the warnings filters) belong to the whole
+# process, and building cases, running references and reproducing mistakes seed it
+# (torch.random.fork_rng, then torch.manual_seed). The grader judges several submissions at once,
+# in threads of one process: without this lock one thread reseeds the generator while another is
+# between its own seed and its draws, and a right answer meets a wrong "expected" output.
+SHARED_STATE = threading.RLock()
+
+
 @dataclasses.dataclass
 class Checker:
     """Checks a learner's implementation of one exercise against the reference."""
@@ -269,12 +278,14 @@ class Checker:
     # the operator whatever the entry point). The grader flags an answer that calls one; the
     # notebook's own check ignores the list.
     forbidden: tuple[str, ...] = ()
+    _expected: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- running (may happen in the learner's process) --------------------------------
 
     def cases(self, hidden: bool = False) -> list[Case]:
         """The visible cases, or with hidden=True the visible and the hidden ones."""
-        return [c for c in self.make_cases() if hidden or not c.hidden]
+        with SHARED_STATE:
+            return [c for c in self.make_cases() if hidden or not c.hidden]
 
     def _call(self, fn: Callable, case: Case):
         # Fresh copies, so an implementation that modifies its inputs in place cannot
@@ -287,15 +298,24 @@ class Checker:
     def collect_outputs(self, fn: Callable, hidden: bool = False) -> list:
         """Run `fn` on every case; an exception becomes {'__error__': ..., '__type__': ...}."""
         outputs = []
-        for case in self.cases(hidden):
-            try:
-                with torch.no_grad():
-                    outputs.append(_plain(self._call(fn, case)))
-            except NotImplementedError:
-                outputs.append({"__error__": "NotImplementedError", "__type__": "error"})
-            except Exception as exc:  # the learner's bug, reported in the verdict
-                outputs.append({"__error__": f"{type(exc).__name__}: {exc}", "__type__": "error"})
+        with SHARED_STATE:
+            for case in self.cases(hidden):
+                try:
+                    with torch.no_grad():
+                        outputs.append(_plain(self._call(fn, case)))
+                except NotImplementedError:
+                    outputs.append({"__error__": "NotImplementedError", "__type__": "error"})
+                except Exception as exc:  # the learner's bug, reported in the verdict
+                    outputs.append({"__error__": f"{type(exc).__name__}: {exc}", "__type__": "error"})
         return outputs
+
+    def expected_outputs(self, hidden: bool = False) -> list:
+        """The reference's outputs on the cases, computed once per process: they are seeded, and
+        the grader judges every submission of a class against the same ones."""
+        with SHARED_STATE:
+            if hidden not in self._expected:
+                self._expected[hidden] = self.collect_outputs(self.reference, hidden)
+            return self._expected[hidden]
 
     # -- judging (always in a process the learner's code does not run in) ------------
 
@@ -306,12 +326,16 @@ class Checker:
         )
 
     def judge(self, outputs: list, hidden: bool = False) -> Verdict:
+        with SHARED_STATE:  # the mistakes and properties below run seeded code too
+            return self._judge(outputs, hidden)
+
+    def _judge(self, outputs: list, hidden: bool) -> Verdict:
         cases = self.cases(hidden)
         if len(outputs) != len(cases):
             return Verdict(False, f"{self.name}: expected outputs for {len(cases)} cases, got {len(outputs)}")
         if any(_is_error(o) and o["__error__"] == "NotImplementedError" for o in outputs):
             return Verdict(False, f"{self.name}: {NOT_IMPLEMENTED}")
-        expected = self.collect_outputs(self.reference, hidden)
+        expected = self.expected_outputs(hidden)
         first_failure = None
         for case, e, a in zip(cases, expected, outputs):
             if _is_error(a):
