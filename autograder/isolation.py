@@ -349,6 +349,18 @@ def job_uid():
     raise RuntimeError("every sandbox uid is in use")
 
 
+def uid_in_use(uid: int) -> bool:
+    """Whether a running job holds `uid` now (its processes are that job's, not leftovers)."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        with open(_lock_dir() / str(uid), "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+    except OSError:
+        return True
+
+
 def processes_of_uid(uid: int) -> list[int]:
     pids = []
     for entry in os.listdir("/proc"):

@@ -47,6 +47,9 @@ def _tree_hash(course) -> dict:
 
 
 def _sandbox_processes() -> list[str]:
+    """Processes of a sandbox or a grading job that no running job owns. Another grading run (a test
+    file beside this one under `make test`) has live sandboxes: their uid is locked by its job, and its
+    job folder ("course-job-...") still exists; a leftover of this run has neither."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -58,6 +61,10 @@ def _sandbox_processes() -> list[str]:
             continue
         if isolation.UID_BASE <= uid < isolation.UID_BASE + isolation.UID_COUNT or "sleep 3600" in cmd \
                 or "course-job-" in cmd:
+            job_folders = re.findall(r"\S*/course-job-[^/\s]+", cmd)
+            in_pool = isolation.UID_BASE <= uid < isolation.UID_BASE + isolation.UID_COUNT
+            if (in_pool and isolation.uid_in_use(uid)) or any(os.path.isdir(f) for f in job_folders):
+                continue
             found.append(f"{entry} uid {uid}: {cmd[:120]}")
     return found
 
