@@ -18,7 +18,15 @@ INSTRUCTOR_CONFIG := $(CURDIR)/autograder
 # Jupyter refuses to run as root unless told; containers and CI machines often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_PORT ?= 8888
+# `make lab COURSE_LANG=zh`: the Chinese edition (chapters/zh, JupyterLab's menus in Chinese). Not LANG,
+# which is the locale every program reads: LANG=zh would make them warn that no such locale exists.
+COURSE_LANG ?= en
+ifeq ($(COURSE_LANG),zh)
+LAB_DIR  ?= chapters/zh
+LEARNER_CONFIG := $(CURDIR)/.lab-zh
+else
 LAB_DIR  ?= chapters
+endif
 # `make release FORCE=1` may overwrite a chapter a learner has worked in; without it, release refuses.
 FORCE    ?=
 
@@ -31,6 +39,7 @@ test test-fast test-python notebooks grade: export OMP_NUM_THREADS = 1
 
 help:
 	@echo "make lab        the learner's JupyterLab on chapters/ (sets up .venv first)"
+	@echo "make lab COURSE_LANG=zh   the same on the Chinese edition, chapters/zh/, with JupyterLab in Chinese"
 	@echo "make formgrader the instructor's JupyterLab with nbgrader's Formgrader, on the whole course"
 	@echo "make test       the whole suite: library, checkers, nbval on every solution, release and grading pipeline"
 	@echo "make notebooks  rebuild and execute solutions/*/*.ipynb from their jupytext .py sources"
@@ -71,7 +80,7 @@ browser:
 	  else echo "chromium is not installed and cannot be installed here: the browser test will be skipped"; fi; }
 
 lab: venv
-	JUPYTER_CONFIG_PATH=$(LEARNER_CONFIG) $(VENV)/bin/jupyter lab --notebook-dir=$(LAB_DIR) \
+	COURSE_LANG=$(COURSE_LANG) JUPYTER_CONFIG_PATH=$(LEARNER_CONFIG) $(VENV)/bin/jupyter lab --notebook-dir=$(LAB_DIR) \
 	  --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) $(ROOT_FLAG)
 
 formgrader: venv

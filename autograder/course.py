@@ -139,16 +139,45 @@ def release(course: Course, chapters: list[str] | None = None, release_dir: str 
     worked in: `make lab` serves that very folder, and their answers live nowhere else."""
     extra = [f"--CourseDirectory.release_directory={release_dir}"] if release_dir else []
     selected = chapters or course.chapters()
+    out = course.root / release_dir if release_dir else course.chapters_dir
     if not force and release_dir is None:
         for chapter in selected:
-            reasons = learner_work(course.chapters_dir / chapter / f"{chapter}.ipynb")
-            if reasons:
-                raise LearnerWorkFound(
-                    f"chapters/{chapter}/{chapter}.ipynb holds a learner's work ({'; '.join(reasons)}). "
-                    f"Release would overwrite it: move it somewhere safe first, or run `make release FORCE=1` "
-                    f"to overwrite it anyway.")
+            for path in (out / chapter / f"{chapter}.ipynb", out / CHINESE / chapter / f"{chapter}.ipynb"):
+                reasons = learner_work(path)
+                if reasons:
+                    raise LearnerWorkFound(
+                        f"{path.relative_to(course.root)} holds a learner's work ({'; '.join(reasons)}). "
+                        f"Release would overwrite it: move it somewhere safe first, or run `make release FORCE=1` "
+                        f"to overwrite it anyway.")
     for chapter in selected:
         course.nbgrader("generate_assignment", chapter, "--force", *extra)
+        if release_dir is None:  # the learners' release; the grader's own copies need no Chinese
+            release_chinese(course, chapter, out)
+
+
+CHINESE = "zh"  # chapters/zh/NN_name/NN_name.ipynb: the Chinese edition of the release
+
+
+def release_chinese(course: Course, chapter: str, out: Path) -> Path | None:
+    """chapters/zh/<chapter>/<chapter>.ipynb: the English release with every markdown cell replaced by
+    its Chinese twin (solutions/<chapter>/<chapter>.zh.toml); code, ids and nbgrader metadata shared.
+    A chapter whose Chinese text is not complete gets none (and says so)."""
+    import nbformat
+    import translations
+
+    twins = course.solutions / chapter / f"{chapter}.zh.toml"
+    target = out / CHINESE / chapter / f"{chapter}.ipynb"
+    if not twins.exists():
+        return None
+    english = nbformat.read(out / chapter / f"{chapter}.ipynb", as_version=4)
+    try:
+        chinese = translations.translate(english, twins)
+    except ValueError as exc:
+        print(f"{chapter}: no Chinese release: {exc}", file=sys.stderr)
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(chinese, target)
+    return target
 
 
 # -- what the tests of a chapter call ---------------------------------------------------
@@ -225,7 +254,7 @@ def _template_config(root: Path) -> str:
         "c.CourseDirectory.source_directory = 'source'",
         "c.CourseDirectory.release_directory = 'release'",
         f"c.CourseDirectory.db_url = {'sqlite:///' + str(root / 'gradebook.db')!r}",
-        "c.CourseDirectory.ignore = ['.ipynb_checkpoints', '*.pyc', '__pycache__', 'feedback', '*.py', 'jupytext.toml', 'cited_figures.toml']",
+        "c.CourseDirectory.ignore = ['.ipynb_checkpoints', '*.pyc', '__pycache__', 'feedback', '*.py', 'jupytext.toml', 'cited_figures.toml', '*.zh.toml']",
         "c.ClearHiddenTests.enforce_metadata = False",
         "c.ClearOutput.enabled = True",
     ]) + "\n"

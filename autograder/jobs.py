@@ -296,7 +296,7 @@ class _Job:
             c.CourseDirectory.autograded_directory = "autograded"
             c.CourseDirectory.feedback_directory = "feedback"
             c.CourseDirectory.db_url = {"sqlite:///" + str(self.course / "gradebook.db")!r}
-            c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*.py", "cited_figures.toml"]
+            c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*.py", "cited_figures.toml", "*.zh.toml"]
             c.Execute.timeout = {int(self.spec.cell_timeout)}
             c.Execute.iopub_timeout = 5
             c.Execute.startup_timeout = 120

@@ -32,7 +32,7 @@ c.CourseDirectory.feedback_directory = os.path.join("autograder", "feedback")
 c.CourseDirectory.db_url = "sqlite:///" + os.path.join(ROOT, "autograder", "gradebook.db")
 # The jupytext sources (*.py) are the maintainers' editing format; they hold the
 # solutions, so they must never be copied into a release or a submission.
-c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*.py", "jupytext.toml", "cited_figures.toml"]
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*.py", "jupytext.toml", "cited_figures.toml", "*.zh.toml"]
 
 # Students' notebooks run with a per-cell limit: an endless loop costs that cell, not
 # the whole run. nbgrader 0.9 reads Execute.timeout (ExecutePreprocessor.timeout loses to it).

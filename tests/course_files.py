@@ -44,11 +44,14 @@ def is_test_cell(cell) -> bool:
 def scratch_course(tmp: Path, chapters=None) -> "course_cli.Course":
     """A copy of the course (config, grading scripts, solution notebooks) in a temp dir."""
     (tmp / "autograder").mkdir(parents=True)
-    for name in ["nbgrader_config.py", "course.py", "sandbox_runner.py", "feedback.py"]:
+    for name in ["nbgrader_config.py", "course.py", "sandbox_runner.py", "feedback.py", "translations.py"]:
         shutil.copy(ROOT / "autograder" / name, tmp / "autograder" / name)
     for chapter in chapters or CHAPTERS:
         (tmp / "solutions" / chapter).mkdir(parents=True)
         shutil.copy(ROOT / "solutions" / chapter / f"{chapter}.ipynb", tmp / "solutions" / chapter)
+        twins = ROOT / "solutions" / chapter / f"{chapter}.zh.toml"
+        if twins.exists():
+            shutil.copy(twins, tmp / "solutions" / chapter)
     return course_cli.Course(tmp)
 
 

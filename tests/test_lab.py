@@ -30,13 +30,13 @@ def _get(url: str, token: str):
         return response.status, response.read()
 
 
-def _start(target: str, tmp_path, path_pattern: str):
+def _start(target: str, tmp_path, path_pattern: str, *variables: str):
     """Start `make TARGET` on a free port; return (process, port, token) once it printed its URL."""
     port = _free_port()
     env = dict(os.environ, BROWSER="true", JUPYTER_RUNTIME_DIR=str(tmp_path))
     env.pop("JUPYTER_TOKEN", None)
     log = open(tmp_path / f"{target}.log", "w+")
-    proc = subprocess.Popen(["make", "--no-print-directory", target, f"LAB_PORT={port}"], cwd=ROOT, env=env,
+    proc = subprocess.Popen(["make", "--no-print-directory", target, f"LAB_PORT={port}", *variables], cwd=ROOT, env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     # With no browser on the machine, the URL with its token is what the learner gets.
     deadline, url = time.time() + 120, None
@@ -76,6 +76,28 @@ def test_make_lab_serves_the_chapters_as_a_learners_lab(tmp_path):
                 "@jupyter/nbgrader:assignment-list", "@jupyter/nbgrader:course-list",
                 "@jupyterlab/apputils-extension:announcements"} <= disabled
         assert "@jupyter/nbgrader:validate-assignment" not in disabled
+    finally:
+        os.killpg(lab.pid, signal.SIGTERM)
+        lab.wait(timeout=30)
+
+
+def test_make_lab_in_chinese_serves_the_chinese_edition_with_chinese_menus(tmp_path):
+    lab, port, token = _start("lab", tmp_path, "/lab/tree/README.md", "COURSE_LANG=zh")
+    try:
+        status, body = _get(f"http://127.0.0.1:{port}/api/contents", token)
+        names = {item["name"] for item in json.loads(body)["content"]}
+        assert set(CHAPTERS) <= names and "README.md" in names, names  # the server's root is chapters/zh/
+        status, body = _get(f"http://127.0.0.1:{port}/api/contents/README.md?type=file&format=text", token)
+        assert "从零到一" in json.loads(body)["content"]  # the Chinese start page
+        status, body = _get(f"http://127.0.0.1:{port}/lab/api/settings/@jupyterlab/translation-extension:plugin", token)
+        # JupyterLab's menus in Chinese (the learner's config overrides the setting's default)...
+        assert json.loads(body)["schema"]["properties"]["locale"]["default"] == "zh_CN"
+        status, body = _get(f"http://127.0.0.1:{port}/lab/api/translations/zh_CN", token)
+        catalog = json.loads(body)["data"]["jupyterlab"]  # ...from the language pack pyproject.toml installs
+        assert catalog["Run All Cells"] == ["运行所有单元格"]
+        status, body = _get(f"http://127.0.0.1:{port}/api/contents/02_self_attention/02_self_attention.ipynb", token)
+        notebook = json.loads(body)["content"]
+        assert notebook["metadata"]["course"] == {"language": "zh"}
     finally:
         os.killpg(lab.pid, signal.SIGTERM)
         lab.wait(timeout=30)

@@ -17,11 +17,13 @@ def _release_cli(root, *args):
                            *args, CHAPTER], capture_output=True, text=True)
 
 
+@pytest.mark.parametrize("edition", ["English", "Chinese"])
 @pytest.mark.parametrize("work", ["edited answer", "cells run"])
-def test_release_refuses_to_overwrite_a_learners_notebook(tmp_path, work):
+def test_release_refuses_to_overwrite_a_learners_notebook(tmp_path, work, edition):
     course = scratch_course(tmp_path, [CHAPTER])
     course_cli.release(course, [CHAPTER])
-    path = tmp_path / "chapters" / CHAPTER / f"{CHAPTER}.ipynb"
+    folder = tmp_path / "chapters" / (course_cli.CHINESE if edition == "Chinese" else "")
+    path = folder / CHAPTER / f"{CHAPTER}.ipynb"
     assert course_cli.learner_work(path) == []  # a clean release is not a learner's work
     nb = nbformat.read(path, as_version=4)
     if work == "edited answer":
