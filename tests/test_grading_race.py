@@ -31,6 +31,13 @@ from transformer_lib.checks import core, get_checker  # noqa: E402
 SOURCES = [p.read_text() for p in sorted((ROOT / "transformer_lib").glob("*.py"))]
 
 
+def _run_together(threads: list[threading.Thread]) -> None:
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 class _Yields:
     """An object in a reference cycle whose finalizer gives up the GIL: a collection that frees it
     in the middle of a parse lets another thread run there."""
@@ -59,11 +66,7 @@ def _stress(parse, threads=8, rounds=20) -> list[str]:
             errors.append(f"{type(exc).__name__}: {exc}")
 
     try:
-        workers = [threading.Thread(target=work, args=(n,)) for n in range(threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
+        _run_together([threading.Thread(target=work, args=(n,)) for n in range(threads)])
     finally:
         sys.setswitchinterval(old_interval)
         gc.set_threshold(*old_threshold)
@@ -197,11 +200,7 @@ def _judge_at_once(rounds: int = 12, stop_at_first: bool = False) -> list[str]:
     old_interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:
-        threads = [threading.Thread(target=judge_repeatedly, args=(c,)) for c in checkers]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        _run_together([threading.Thread(target=judge_repeatedly, args=(c,)) for c in checkers])
     finally:
         sys.setswitchinterval(old_interval)
         for checker in checkers:
