@@ -42,10 +42,14 @@ class _Yields:
     """An object in a reference cycle whose finalizer gives up the GIL: a collection that frees it
     in the middle of a parse lets another thread run there."""
 
+    live = 0  # how many exist now (approximate: not locked, which is all the churner needs)
+
     def __init__(self):
         self.me = self
+        _Yields.live += 1
 
     def __del__(self):
+        _Yields.live -= 1
         time.sleep(0)
 
 
@@ -143,8 +147,12 @@ def _prepare_every_chapter_at_once(folder: str) -> None:
     def churn():  # finalizers that yield the GIL, all through the run
         rounds = 0
         while not noise.is_set():
-            garbage = [_Yields() for _ in range(100)]
-            del garbage
+            # Bounded: a thread inside a collection runs the finalizers one by one, each handing the
+            # GIL over, and a churner that kept adding cycles meanwhile kept it there for good (on CI
+            # once: 8 GB and no progress in 18 minutes, the main thread still in its first collection).
+            if _Yields.live < 20_000:
+                garbage = [_Yields() for _ in range(100)]
+                del garbage
             time.sleep(0.001)
             rounds += 1
             if rounds % 50 == 0:
