@@ -41,6 +41,7 @@ DEFAULT_ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from transformer_lib import safe_ast  # noqa: E402  (ast.parse is not thread-safe on 3.11: kits are built in threads)
+from transformer_lib.language import CHINESE, say  # noqa: E402
 
 
 # -- the course on disk ---------------------------------------------------------------
@@ -155,7 +156,7 @@ def release(course: Course, chapters: list[str] | None = None, release_dir: str 
             release_chinese(course, chapter, out)
 
 
-CHINESE = "zh"  # chapters/zh/NN_name/NN_name.ipynb: the Chinese edition of the release
+# CHINESE ("zh", from transformer_lib.language): chapters/zh/NN_name/NN_name.ipynb is the release's Chinese edition
 
 
 def release_chinese(course: Course, chapter: str, out: Path) -> Path | None:
@@ -283,6 +284,7 @@ def build_kit(course: Course, chapter: str) -> "jobs.ChapterKit":
     secrets: set[str] = set()
     hidden_names: set[str] = set()
     hidden_cases: dict[str, list[tuple[str, str]]] = {}
+    hidden_cases_zh: dict[str, list[tuple[str, str]]] = {}
     for cell in solution.cells:
         meta = cell.metadata.get("nbgrader", {})
         if not (meta.get("grade") and not meta.get("solution") and cell.cell_type == "code"):
@@ -300,6 +302,9 @@ def build_kit(course: Course, chapter: str) -> "jobs.ChapterKit":
             cases = [(c.describe(), c.name) for c in checker.cases(hidden=True) if c.hidden]
             hidden_cases[checker.name] = cases
             secrets.update(d for d, _ in cases)
+            cases_zh = [(c.describe(CHINESE), say(c.name, CHINESE)) for c in checker.cases(hidden=True) if c.hidden]
+            hidden_cases_zh[checker.name] = cases_zh
+            secrets.update(d for d, _ in cases_zh)
             hidden_names.update(n for _, n in cases if len(n) >= 10 or " " in n)
         if calls:  # the grader runs these itself: the kernel gets the visible part only
             cell.source = HIDDEN_REGION.sub("", cell.source).rstrip("\n")
@@ -356,11 +361,23 @@ def build_kit(course: Course, chapter: str) -> "jobs.ChapterKit":
         notebook_metadata=json.loads(json.dumps(release_nb.metadata)),
         release_code=sorted({c.strip() for c in code}),
         release_lines=sorted({line.strip() for c in code for line in c.splitlines() if line.strip()}),
-        release_markdown=sorted({markdown_digest(c.source) for c in release_nb.cells if c.cell_type == "markdown"}),
+        release_markdown=sorted({markdown_digest(c.source) for nb in (release_nb, _chinese(course, chapter, release_nb))
+                                 for c in nb.cells if c.cell_type == "markdown"}),
         tests=tests, gradebook=gradebook, secrets=sorted(s for s in secrets if len(s) >= 6),
-        hidden_cases=hidden_cases,
+        hidden_cases=hidden_cases, hidden_cases_zh=hidden_cases_zh,
         skip_when_grading=sorted({c.source.strip() for c in release_nb.cells if c.cell_type == "code"
                                   and jobs.SKIP_TAG in c.metadata.get("tags", [])}))
+
+
+def _chinese(course: Course, chapter: str, release_nb):
+    """The Chinese edition of the release (its markdown is the course's own, trusted in feedback too);
+    the English one again when the chapter has no complete Chinese text."""
+    import translations
+
+    try:
+        return translations.translate(release_nb, course.solutions / chapter / f"{chapter}.zh.toml")
+    except ValueError:
+        return release_nb
 
 
 def prepare_chapter(course: Course, chapter: str, cache: Path) -> "jobs.ChapterKit":

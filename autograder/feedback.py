@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import html
 import textwrap
+import unicodedata
 
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import NbGraderPreprocessor
@@ -35,6 +36,14 @@ from traitlets import List, Unicode
 # (autograder/sandboxed_kernel.py writes it in place of running the cell).
 SKIPPED_TEXT = ("[not run while grading: this cell trains a model or draws a demonstration, and no graded test "
                 "depends on it (tag skip-when-grading). It runs as usual in your own lab.]\n")
+
+# The page's banner, and the verdict of a test the grader has none for (a Chinese submission's page
+# shows their twins from transformer_lib/checks/zh/grader.toml, set per job in its nbgrader config).
+BANNER = ("**Feedback from the course's grader.** Each test cell shows the grader's verdict; answer cells keep "
+          "their text output. Outputs of the other cells are not shown: the grader ran your notebook without "
+          "the library's reference answers. Cells marked \"not run while grading\" (trainings no test depends on) "
+          "were skipped.")
+MISSING_VERDICT = "This test was not graded by the course's grader."
 
 GRADING_KEY = "course_grading"  # cell metadata the grader writes into its autograded notebooks
 TEXT_MIME = "text/plain"
@@ -67,7 +76,7 @@ class ShortenTestTracebacks(NbGraderPreprocessor):
 class GraderVerdicts(NbGraderPreprocessor):
     """A test cell's outputs become the grader's verdict for it."""
 
-    missing = Unicode("This test was not graded by the course's grader.").tag(config=True)
+    missing = Unicode(MISSING_VERDICT).tag(config=True)
 
     def preprocess_cell(self, cell, resources, index):
         if _is_test(cell):
@@ -81,11 +90,8 @@ class SafeOutputs(NbGraderPreprocessor):
     """Keep only text (and PNG/JPEG) outputs of answer cells; escape the learner's markdown."""
 
     trusted_markdown = List(Unicode(), help="sha256 of the release's own markdown cells (rendered as they are)").tag(config=True)
-    banner = Unicode(
-        "**Feedback from the course's grader.** Each test cell shows the grader's verdict; answer cells keep "
-        "their text output. Outputs of the other cells are not shown: the grader ran your notebook without "
-        "the library's reference answers. Cells marked \"not run while grading\" (trainings no test depends on) "
-        "were skipped.").tag(config=True)
+    banner = Unicode(BANNER).tag(config=True)
+    skipped_text = Unicode(SKIPPED_TEXT, help="what a skipped cell shows (the page's language)").tag(config=True)
 
     def preprocess(self, nb, resources):
         nb, resources = super().preprocess(nb, resources)
@@ -105,7 +111,7 @@ class SafeOutputs(NbGraderPreprocessor):
         if cell.cell_type != "code" or _is_test(cell):
             return cell, resources
         if not _is_answer(cell):  # only the grader's own word that a cell was skipped in grading mode
-            cell.outputs = [o for o in cell.get("outputs", [])
+            cell.outputs = [{**o, "text": self.skipped_text} for o in cell.get("outputs", [])
                             if o.get("output_type") == "stream" and o.get("text") == SKIPPED_TEXT]
             return cell, resources
         kept = []
@@ -164,6 +170,11 @@ class WrapVerdicts(NbGraderPreprocessor):
             for output in cell.get("outputs", []):
                 if output.get("output_type") == "stream":
                     lines = str(output.get("text", "")).splitlines()
-                    output["text"] = "\n".join(textwrap.fill(line, width=self.width, subsequent_indent="  ")
+                    output["text"] = "\n".join(textwrap.fill(line, width=self._width(line), subsequent_indent="  ")
                                                for line in lines) + "\n"
         return cell, resources
+
+    def _width(self, line: str) -> int:
+        """A Chinese character takes two columns: a line that holds them wraps at half as many characters."""
+        wide = sum(unicodedata.east_asian_width(ch) in "WF" for ch in line)
+        return self.width // 2 if wide > len(line) // 4 else self.width

@@ -52,6 +52,7 @@ import hiding  # noqa: E402
 import isolation  # noqa: E402
 import policy  # noqa: E402
 import sanitize  # noqa: E402
+from transformer_lib.language import ENGLISH, say  # noqa: E402  (no torch: the nbgrader driver imports this module)
 
 STUDENT = "student"  # the student id inside a job's private course
 MAX_OUTPUT_BYTES = 64 * 2**20  # outputs one test may send back
@@ -88,6 +89,8 @@ class ChapterKit:
     gradebook: bytes  # the job's gradebook: the assignment as nbgrader records it, no solutions
     secrets: list[str]  # hidden test lines and hidden case descriptions, scrubbed from feedback
     hidden_cases: dict[str, list[tuple[str, str]]]  # checker name -> [(case description, case name)]
+    # the same in Chinese, for a submission of the Chinese edition: [(描述, 用例名)]
+    hidden_cases_zh: dict[str, list[tuple[str, str]]] = dataclasses.field(default_factory=dict)
     # sources (stripped) of the release's code cells tagged skip-when-grading (sandboxed_kernel.SKIP_TAG)
     skip_when_grading: list[str] = dataclasses.field(default_factory=list)
 
@@ -162,6 +165,7 @@ class _Job:
     def __init__(self, spec: JobSpec, clean: sanitize.Sanitized, work: Path, uid: int, iso, result: dict):
         self.spec, self.kit, self.clean, self.work, self.uid, self.iso, self.result = \
             spec, spec.kit, clean, work, uid, iso, result
+        self.language = clean.language  # of what the student reads; the report's notes stay English
         self.limits = isolation.Limits(**spec.limits) if spec.limits else isolation.Limits()
         self.course = work / "course"
         self.library = hiding.library_root()
@@ -248,7 +252,8 @@ class _Job:
         verdicts: dict[str, tuple[float, str, str]] = {}  # gid -> (score, verdict for the student, note or "")
         for test in kit.tests:
             if test.grade_id in self.clean.deleted_tests:
-                verdicts[test.grade_id] = (0.0, "This test cell was deleted from your notebook: scored 0.", "")
+                verdicts[test.grade_id] = (0.0, say("This test cell was deleted from your notebook: scored 0.",
+                                                    self.language), "")
             elif test.calls:
                 verdicts[test.grade_id] = self.verdict(test, collected[test.grade_id])
             else:
@@ -315,7 +320,17 @@ class _Job:
             c.HTMLExporter.sanitize_html = True
             c.ScrubHidden.secrets = {secrets}
             c.SafeOutputs.trusted_markdown = {trusted}
-            """)
+            """) + self._feedback_language()
+
+    def _feedback_language(self) -> str:
+        """The feedback page's own sentences in the submission's language (its verdicts already are)."""
+        if self.language == ENGLISH:
+            return ""
+        from feedback import BANNER, MISSING_VERDICT, SKIPPED_TEXT
+
+        return (f"c.SafeOutputs.banner = {say(BANNER, self.language)!r}\n"
+                f"c.SafeOutputs.skipped_text = {say(SKIPPED_TEXT, self.language)!r}\n"
+                f"c.GraderVerdicts.missing = {say(MISSING_VERDICT, self.language)!r}\n")
 
     def _nbgrader_env(self) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "PYTHONPATH", "COURSE_"))}
@@ -501,12 +516,16 @@ class _Job:
         else:
             passed, message = all(p for p, _ in got.judged), next((m for p, m in got.judged if not p), "")
         points = policy.score(test.points, passed, flags)
+        score = f"{points:g}/{test.points:g}"
         if flags:
             note = "; ".join(flags)
-            return points, f"\u2717 {points:g}/{test.points:g}: {note}." + (f" ({message})" if message else ""), note
+            said = say("; ", self.language).join(policy.flags_for(sorted(uses_ref), forbidden, self.language))
+            verdict = say("\u2717 {score}: {flags}.", self.language, score=score, flags=said)
+            return points, verdict + (say(" ({message})", self.language, message=message) if message else ""), note
         if passed:
-            return test.points, f"\u2713 {test.points:g}/{test.points:g}: every case of this test matches the reference.", ""
-        return 0.0, f"\u2717 0/{test.points:g}: {message}", f"failed the independent check: {message}"
+            return test.points, say("\u2713 {score}: every case of this test matches the reference.", self.language,
+                                    score=score), ""
+        return 0.0, f"\u2717 {score}: {message}", f"failed the independent check: {message}"
 
     def _judge(self, test: TestPlan, outputs: list) -> list[tuple[bool, str]]:
         """Judge one test's outputs, here, in the grader's process: (passed, message) per checker call."""
@@ -519,16 +538,22 @@ class _Job:
                 judged.append((False, f"{checker.name}: {call_outputs.get('__error__', 'no outputs')}"))
                 continue
             try:
-                verdict = checker.judge(call_outputs, call["hidden"])
+                verdict = checker.judge(call_outputs, call["hidden"], self.language)
             except Exception as exc:  # validated outputs should never get here; if they do, 0 with a note
-                judged.append((False, f"{checker.name}: the outputs could not be compared ({type(exc).__name__})"))
+                judged.append((False, say("{exercise}: the outputs could not be compared ({error})", self.language,
+                                          exercise=checker.name, error=type(exc).__name__)))
                 continue
             judged.append((verdict.passed, verdict.message if verdict.passed else self._hide_cases(verdict.message, checker.name)))
         return judged
 
     def _hide_cases(self, message: str, checker_name: str) -> str:
-        for described, name in self.kit.hidden_cases.get(checker_name, []):
-            message = message.replace(described, "a hidden case").replace(f"'{name}'", "(a hidden case)")
+        if self.language == ENGLISH:
+            for described, name in self.kit.hidden_cases.get(checker_name, []):
+                message = message.replace(described, "a hidden case").replace(f"'{name}'", "(a hidden case)")
+            return message
+        for described, name in self.kit.hidden_cases_zh.get(checker_name, []):
+            message = message.replace(described, say("a hidden case", self.language))
+            message = message.replace(f"「{name}」", say("(a hidden case)", self.language))
         return message
 
     def public(self, text: str) -> str:
@@ -796,8 +821,9 @@ class _Job:
                 if errors:
                     why = f"{errors[0].get('ename', 'Error')}: {str(errors[0].get('evalue', ''))[:300]}"
                     return 0.0, f"\u2717 0/{test.points:g}: {self.public(why)}", f"failed in the notebook: {why}"
-                return test.points, f"\u2713 {test.points:g}/{test.points:g}: the test ran without an error.", ""
-        return 0.0, "This test cell did not run.", "did not run"
+                return test.points, say("\u2713 {score}: the test ran without an error.", self.language,
+                                        score=f"{test.points:g}/{test.points:g}"), ""
+        return 0.0, say("This test cell did not run.", self.language), "did not run"
 
     # -- results ---------------------------------------------------------------------------------
 

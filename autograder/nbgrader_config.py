@@ -70,12 +70,12 @@ c.HTMLExporter.sanitize_html = True
 
 
 def _course_text():
-    """Digests of the release's markdown (shown as it is) and the hidden test lines (scrubbed)."""
+    """Digests of the release's markdown, English and Chinese (shown as it is), and the hidden test lines (scrubbed)."""
     import json
     import re
 
     trusted, secrets = [], []
-    for folder, collect in (("chapters", "markdown"), ("solutions", "hidden")):
+    for folder, collect in (("chapters", "markdown"), (os.path.join("chapters", "zh"), "markdown"), ("solutions", "hidden")):
         base = os.path.join(ROOT, folder)
         for chapter in sorted(os.listdir(base)) if os.path.isdir(base) else []:
             path = os.path.join(base, chapter, chapter + ".ipynb")

@@ -17,9 +17,7 @@ Both show in the report (`autograder/report.csv`) and in the student's feedback.
 
 from __future__ import annotations
 
-REFERENCE_NOTE = ("uses the reference implementation ({names}), which answers may not use: "
-                  "scored 0 for this test (grading policy)")
-FORBIDDEN_NOTE = ("calls {names}, which this exercise forbids: scored 0 for this test (grading policy)")
+from transformer_lib.language import ENGLISH, say
 
 
 def forbidden_for(checker) -> tuple[str, ...]:
@@ -27,13 +25,16 @@ def forbidden_for(checker) -> tuple[str, ...]:
     return tuple(dict.fromkeys(getattr(checker, "forbidden", ()) or ()))
 
 
-def flags_for(uses_reference: list[str], forbidden: list[str]) -> list[str]:
-    """The notes a test's answer earns under the rules above (empty when it broke none)."""
+def flags_for(uses_reference: list[str], forbidden: list[str], language: str = ENGLISH) -> list[str]:
+    """The notes a test's answer earns under the rules above (empty when it broke none), in `language`
+    (the report's are English; the student's feedback is in the submission's language)."""
     flags = []
     if uses_reference:
-        flags.append(REFERENCE_NOTE.format(names=", ".join(sorted(uses_reference))))
+        flags.append(say("uses the reference implementation ({names}), which answers may not use: scored 0 for "
+                         "this test (grading policy)", language, names=", ".join(sorted(uses_reference))))
     if forbidden:
-        flags.append(FORBIDDEN_NOTE.format(names=", ".join(sorted(forbidden))))
+        flags.append(say("calls {names}, which this exercise forbids: scored 0 for this test (grading policy)",
+                         language, names=", ".join(sorted(forbidden))))
     return flags
 
 

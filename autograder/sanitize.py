@@ -45,6 +45,7 @@ class Sanitized:
     edited_tests: list[str]
     learner_cells: list[int]  # indices of code cells whose source is the learner's (answers, added or changed cells)
     unreadable: str = ""
+    language: str = "en"  # the edition the submission came from (metadata.course.language): its feedback's language
 
 
 def _source(value) -> str | None:
@@ -148,7 +149,19 @@ def sanitize(raw: bytes, templates: list[Template], notebook_metadata: dict, rel
     for i, cell in enumerate(out_cells):
         cell["id"] = f"cell-{i}"
     notebook = {"nbformat": 4, "nbformat_minor": 5, "metadata": copy.deepcopy(notebook_metadata), "cells": out_cells}
-    return Sanitized(notebook, notes, deleted, edited, learner_cells)
+    language = submission_language(data)
+    if language != "en":
+        notebook["metadata"]["course"] = {**notebook["metadata"].get("course", {}), "language": language}
+    return Sanitized(notebook, notes, deleted, edited, learner_cells, language=language)
+
+
+def submission_language(data: dict) -> str:
+    """The edition a submission came from: "zh" for the Chinese release (its metadata.course.language),
+    else "en". Only the feedback's language depends on it, so whatever a notebook claims is harmless."""
+    meta = data.get("metadata")
+    course = meta.get("course") if isinstance(meta, dict) else None
+    language = course.get("language") if isinstance(course, dict) else None
+    return "zh" if language == "zh" else "en"
 
 
 def _code(source: str) -> dict:

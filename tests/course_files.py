@@ -28,6 +28,17 @@ def released(chapter: str) -> nbformat.NotebookNode:
     return nbformat.read(ROOT / "chapters" / chapter / f"{chapter}.ipynb", as_version=4)
 
 
+def released_chinese(chapter: str) -> nbformat.NotebookNode:
+    return nbformat.read(ROOT / "chapters" / "zh" / chapter / f"{chapter}.ipynb", as_version=4)
+
+
+def solution_chinese(chapter: str) -> nbformat.NotebookNode:
+    """The solution notebook with its markdown in Chinese, as a learner of the Chinese edition hands it in."""
+    import translations
+
+    return translations.translate(solution(chapter), ROOT / "solutions" / chapter / f"{chapter}.zh.toml")
+
+
 def nbgrader_meta(cell) -> dict:
     return cell.metadata.get("nbgrader", {})
 

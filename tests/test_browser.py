@@ -27,6 +27,7 @@ import pytest
 
 from course_files import CHAPTERS, ROOT
 from transformer_lib.checks import REGISTRY
+from transformer_lib.language import CHINESE, ENGLISH
 
 pytestmark = pytest.mark.slow
 
@@ -109,6 +110,11 @@ EXERCISES = {
       "    cls = model.cls_token.expand(images.shape[0], -1, -1)\n"
       "    return model.head(model.encoder(torch.cat([cls, tokens], 1) + model.pos_embed)[:, 0])"),
 }
+
+
+# What an unfinished test cell, the summary of an untouched chapter and a passing check begin with.
+WORDS = {ENGLISH: {"unfinished": "not implemented yet", "none passing": "Exercises passing: 0 of", "all pass": ": all "},
+         CHINESE: {"unfinished": "还没有实现", "none passing": "已通过的练习：0 /", "all pass": "：全部 "}}
 
 
 def _free_port() -> int:
@@ -277,13 +283,23 @@ def test_run_all_on_a_fresh_release_goes_through(lab, browser, chapter):
         _shut_down_kernels(lab["url"])
 
 
-def _run_all_and_fill_one_exercise(lab, browser, chapter):
-    release = nbformat.read(ROOT / "chapters" / chapter / f"{chapter}.ipynb", as_version=4)
+def test_a_chinese_chapter_runs_and_its_checks_speak_chinese(lab, browser):
+    """The Chinese edition of chapter 02, opened in the same lab: its kernel finds the notebook's language
+    (metadata.course.language, by the path JupyterLab gives it), so every message is Chinese."""
+    try:
+        _run_all_and_fill_one_exercise(lab, browser, "02_self_attention", CHINESE)
+    finally:
+        _shut_down_kernels(lab["url"])
+
+
+def _run_all_and_fill_one_exercise(lab, browser, chapter, language=ENGLISH):
+    folder = f"{CHINESE}/{chapter}" if language == CHINESE else chapter
+    release = nbformat.read(ROOT / "chapters" / folder / f"{chapter}.ipynb", as_version=4)
     code_cells = [c for c in release.cells if c.cell_type == "code"]
     graded = {i for i, c in enumerate(code_cells) if c.metadata.get("nbgrader", {}).get("grade")
               and not c.metadata.get("nbgrader", {}).get("solution")}
     # A workspace of its own, reset: the lab must not reopen the previous chapter's tab.
-    page = _open(browser, f"{lab['url']}/lab/workspaces/{chapter}/tree/{chapter}/{chapter}.ipynb?reset&token={TOKEN}")
+    page = _open(browser, f"{lab['url']}/lab/workspaces/{chapter}-{language}/tree/{folder}/{chapter}.ipynb?reset&token={TOKEN}")
     page.wait_for_selector(f"{NOTEBOOK} .jp-Cell", timeout=120_000)
     page.wait_for_function("() => document.querySelector('.jp-Notebook-ExecutionIndicator') !== null", timeout=60_000)
     deadline = time.time() + 120
@@ -315,11 +331,11 @@ def _run_all_and_fill_one_exercise(lab, browser, chapter):
     # Every test cell of an unfilled exercise shows exactly its one-line message.
     for i in graded:
         text = code_locators.nth(i).locator(".jp-OutputArea").inner_text().strip()
-        assert text.startswith("CheckFailed:") and "not implemented yet" in text and len(text.splitlines()) == 1, (
+        assert text.startswith("CheckFailed:") and WORDS[language]["unfinished"] in text and len(text.splitlines()) == 1, (
             f"{chapter}: test cell {i} shows:\n{text[:800]}")
     # The last code cell is the chapter's summary: nothing passes yet.
     summary = code_locators.nth(len(code_cells) - 1).locator(".jp-OutputArea").inner_text()
-    assert "Exercises passing: 0 of" in summary, summary
+    assert WORDS[language]["none passing"] in summary, summary
 
     # Fill one exercise: a catalogued mistake is named, a right answer gets its tick.
     grade_id, keyword, wrong, right = EXERCISES[chapter]
@@ -331,13 +347,13 @@ def _run_all_and_fill_one_exercise(lab, browser, chapter):
     _type_into(page, answer, wrong)
     _run_cell(page, answer)
     _run_cell(page, test)
-    seen = _wait_for_output(page, test, re.escape(mistake.name[:40]))
+    seen = _wait_for_output(page, test, re.escape(mistake.message(checker.name, language)[:60]))
     assert seen.strip().startswith("CheckFailed:") and len(seen.strip().splitlines()) == 1
     _type_into(page, answer, right)
     _run_cell(page, answer)
     _run_cell(page, test)
-    _wait_for_output(page, test, "\u2713 " + re.escape(checker.name))
-    page.screenshot(path=str(lab["shots"] / f"{chapter}-filled.png"))
+    _wait_for_output(page, test, "\u2713 " + re.escape(checker.name + WORDS[language]["all pass"]))
+    page.screenshot(path=str(lab["shots"] / f"{chapter}-{language}-filled.png"))
     page.close()
 
 

@@ -10,8 +10,10 @@ import pytest
 from nbgrader.api import Gradebook
 
 from course_files import (CHAPTERS, hidden_lines, ROOT, is_solution_cell, is_test_cell, nbgrader_meta, released,
-                          scratch_course, solution)
+                          released_chinese, scratch_course, solution, solution_chinese)
 from course_files import course_cli
+from transformer_lib.checks import get_checker
+from transformer_lib.language import CHINESE, say
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +46,12 @@ def graded(tmp_path_factory):
     for chapter in CHAPTERS:
         _submit(course, "alice_solutions", chapter, solution(chapter))
         _submit(course, "bob_blank", chapter, released(chapter))
+        _submit(course, "li_solutions_zh", chapter, solution_chinese(chapter))  # the Chinese edition
+        _submit(course, "wang_blank_zh", chapter, released_chinese(chapter))
+
+    nb = solution_chinese(TAMPERED)  # hana, Chinese edition: queries and keys swapped in the first exercise
+    _replace_answer(_exercises(nb)[0][0], "q = x @ w_k\nk = x @ w_q\nv = x @ w_v\nreturn q, k, v")
+    _submit(course, "hana_swapped_zh", TAMPERED, nb)
 
     nb = solution(TAMPERED)  # carol: a wrong answer, and its test cell edited to pass
     answer, test = _exercises(nb)[0]
@@ -103,6 +111,43 @@ def test_a_right_notebook_runs_once(graded):
     assert not rerun
 
 
+def test_the_chinese_edition_is_graded_exactly_as_the_english_one(graded):
+    """The same answers score the same in either language, test cell by test cell."""
+    course, report = graded
+    for english, chinese in (("alice_solutions", "li_solutions_zh"), ("bob_blank", "wang_blank_zh")):
+        for chapter in CHAPTERS:
+            assert report.scores[(chinese, chapter)] == report.scores[(english, chapter)], (chinese, chapter)
+            assert _cell_scores(course, chinese, chapter) == _cell_scores(course, english, chapter), (chinese, chapter)
+        assert report.notes.get((chinese, TAMPERED)) == report.notes.get((english, TAMPERED))
+
+
+def _page_text(course, student, chapter):
+    page = course.feedback / student / chapter / f"{chapter}.html"
+    return html.unescape(re.sub(r"<[^>]+>", "", page.read_text())), page.read_text()
+
+
+def test_a_chinese_submission_gets_its_feedback_in_chinese(graded):
+    course, report = graded
+    text, page = _page_text(course, "li_solutions_zh", TAMPERED)
+    assert "课程评分程序的反馈" in text and "Feedback from the course's grader" not in text
+    assert "这个测试的每个用例都与参考实现一致" in text and "every case of this test matches" not in text
+    heading = released_chinese(TAMPERED).cells[0].source.splitlines()[0].lstrip("# ").strip()
+    assert re.search(r"<h1[^>]*>\s*" + re.escape(html.escape(heading, quote=False)), page), \
+        "the chapter's Chinese text is the course's own: rendered, not escaped as a learner's markdown"
+    text, _ = _page_text(course, "wang_blank_zh", TAMPERED)
+    assert "还没有实现" in text and "not implemented yet" not in text
+
+    # A wrong answer: the diagnosis names the mistake in Chinese, and the score is the English one's
+    first = _test_ids(TAMPERED)[0]
+    assert _cell_scores(course, "hana_swapped_zh", TAMPERED)[first][0] == 0
+    mistake = next(m for m in get_checker("project_qkv").mistakes if m.name.startswith("queries and keys swapped"))
+    text, _ = _page_text(course, "hana_swapped_zh", TAMPERED)
+    expected = say("{exercise}: looks like {mistake}. {fix}", CHINESE, exercise="project_qkv",
+                   mistake=say(mistake.name, CHINESE), fix=say(mistake.fix, CHINESE))
+    assert expected != mistake.message("project_qkv")
+    assert re.sub(r"\s+", "", expected) in re.sub(r"\s+", "", text)  # the page wraps verdict lines
+
+
 def test_blank_stubs_get_zero(graded):
     course, report = graded
     for chapter in CHAPTERS:
@@ -155,7 +200,8 @@ def test_broken_notebook_scores_zero_is_reported_and_kept(graded):
 
 def test_feedback_is_written_and_hides_hidden_tests(graded):
     course, _ = graded
-    for student, chapter in [("alice_solutions", c) for c in CHAPTERS] + [("bob_blank", c) for c in CHAPTERS]:
+    students = ["alice_solutions", "bob_blank", "li_solutions_zh", "wang_blank_zh"]
+    for student, chapter in [(s, c) for s in students for c in CHAPTERS]:
         page = course.feedback / student / chapter / f"{chapter}.html"
         assert page.exists()
         text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))

@@ -1484,7 +1484,7 @@ exercise_summary(check_gpt_block, check_gpt_forward, check_next_token_loss, chec
 # | chain rule | 链式法则 | $P(x_1..x_T) = \prod_t P(x_t \mid x_{<t})$, exact, no approximation |
 # | decoder-only | 仅解码器 | a stack of masked self-attention blocks with no encoder (GPT) |
 # | masked (causal) self-attention | 掩码（因果）自注意力 | position $t$ attends to positions $0..t$ only |
-# | shifted targets | 目标右移（错位一位） | the target of position $t$ is token $t+1$ of the same window |
+# | shifted targets | 错位目标（输入左移一位） | the target of position $t$ is token $t+1$ of the same window |
 # | next-token prediction | 下一词预测 | the training task of a decoder-only model |
 # | unigram / bigram model | 一元 / 二元语法模型 | counts of single tokens / of adjacent pairs: baselines with 0 / 1 token of context |
 # | add-α smoothing | 加α平滑（拉普拉斯平滑） | a pseudo-count added to every count, so nothing has probability 0 |

@@ -1053,7 +1053,8 @@ for n in SIZES[2:]:
 # It also recomputes the blocks in the backward pass instead of storing them, and fuses everything into one GPU
 # kernel. On a GPU the saved memory traffic is what makes it faster: its forward pass does the same arithmetic as
 # dense attention, and its backward pass does *more*, because it recomputes the scores, yet it still runs faster.
-#
+
+# %% [markdown]
 # ## 7. All of them side by side, and PyTorch's fused kernel
 #
 # PyTorch's `torch.nn.functional.scaled_dot_product_attention` is such a fused kernel. On a GPU it picks a

@@ -580,7 +580,7 @@ print("round trip exact on [3, 8, 12, 5]:",
 # remedy is to **shift** the windows by $M/2$ tokens in every other block. A window of the shifted grid straddles
 # four windows of the regular one, so information crosses window borders, block after block.
 #
-# Shifting the grid makes the windows at the border smaller (picture, panel 2): a 8x8 map with $M = 4$ has 4
+# Shifting the grid makes the windows at the border smaller (picture, panel 2): an 8x8 map with $M = 4$ has 4
 # regular windows but 9 shifted ones, some of them 2x2. Padding them all to $M \times M$ would waste compute.
 # Swin's trick is a **cyclic shift** instead: roll the whole map up and to the left by $M/2$ with `torch.roll`,
 # so that the rows and columns that fall off the top and left come back at the bottom and right (panel 3). Then cut

@@ -840,6 +840,7 @@ check_encoder_layer_forward = Checker(
 
 _CALL_LAYER_FORWARD = ("calling layer(x, mask) skips your own layer: run each layer with "
                        "layer_forward(x, mask, layer)")
+ERROR_MESSAGES = (_CALL_THE_PARTS, _CALL_LAYER_FORWARD)  # raised in the learner's process: translated at judging
 
 
 class _StackedLayer(EncoderLayer):

@@ -804,6 +804,7 @@ check_masked_softmax = Checker(
 _CALL_THE_DECODER_PARTS = ("calling layer(x, memory, ...) runs the library's own decoder layer: build the forward "
                            "pass from its parts (layer.self_attn, layer.cross_attn, layer.feed_forward, "
                            "layer.norm1-3, layer.dropout1-3)")
+ERROR_MESSAGES = (_CALL_THE_DECODER_PARTS,)  # raised in the learner's process: translated at judging
 
 
 class _ExerciseDecoderLayer(DecoderLayer):

@@ -65,16 +65,21 @@ def _gpt1_forward(tokens, model, cache=None):
     return model.lm_head(x)
 
 
+_CALL_THE_BLOCK = ("gpt_block called block(x), which runs the block function the block was built with, not "
+                   "yours: compute the block from its parts (block.ln_1, block.self_attn, block.ln_2, "
+                   "block.feed_forward, block.dropout)")
+_CALL_THE_MODEL = ("gpt_forward called model(tokens), which runs the forward function the model was built with, "
+                   "not yours: compute the logits from the model's parts (model.token_embedding, "
+                   "model.positions, model.blocks, model.ln_f, model.lm_head)")
+ERROR_MESSAGES = (_CALL_THE_BLOCK, _CALL_THE_MODEL)  # raised in the learner's process: translated at judging
+
+
 def _refuse_block(x, block, cache=None):
-    raise RuntimeError("gpt_block called block(x), which runs the block function the block was built with, not "
-                       "yours: compute the block from its parts (block.ln_1, block.self_attn, block.ln_2, "
-                       "block.feed_forward, block.dropout)")
+    raise RuntimeError(_CALL_THE_BLOCK)
 
 
 def _refuse_forward(tokens, model, cache=None):
-    raise RuntimeError("gpt_forward called model(tokens), which runs the forward function the model was built with, "
-                       "not yours: compute the logits from the model's parts (model.token_embedding, "
-                       "model.positions, model.blocks, model.ln_f, model.lm_head)")
+    raise RuntimeError(_CALL_THE_MODEL)
 
 
 def _randomise(module: torch.nn.Module) -> None:

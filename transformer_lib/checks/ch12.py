@@ -235,10 +235,13 @@ def _patchify_by_unfold(images, patch):
     return F.unfold(images, kernel_size=patch, stride=patch).transpose(1, 2)  # [B, N, C*p*p]
 
 
+_CALL_THE_VIT = ("vit_forward must compute the pass from the model's parts (patch_embed, cls_token, "
+                 "pos_embed, encoder, head): calling model(images) inside it runs the model's own forward "
+                 "pass, which this check does not provide")
+
+
 def _vit_no_shortcut(images, model):
-    raise RuntimeError("vit_forward must compute the pass from the model's parts (patch_embed, cls_token, "
-                       "pos_embed, encoder, head): calling model(images) inside it runs the model's own forward "
-                       "pass, which this check does not provide")
+    raise RuntimeError(_CALL_THE_VIT)
 
 
 def _random_parameters(module: torch.nn.Module, g: torch.Generator, scale: float = 0.5) -> None:
@@ -375,8 +378,8 @@ check_vit_forward = Checker(
     atol=VIT_ATOL,
     mistakes=[
         Mistake(
-            "the positions added to the patch tokens before [CLS] is prepended: patch k gets [CLS]'s row k of "
-            "pos_embed, and [CLS] gets none",
+            "the positions added to the patch tokens before [CLS] is prepended: patch k gets row k of pos_embed "
+            "(patch 0 takes [CLS]'s row), and [CLS] gets none",
             "Prepend [CLS] first ([B, 1 + N, d_model]) and then add model.pos_embed whole: row 0 is [CLS]'s "
             "position, row k + 1 patch k's.",
             _vit_mistake(positions="before_cls"),
@@ -936,10 +939,14 @@ check_relative_position_index_2d = Checker(
 # ---------------------------------------------------------------------------------------
 
 
+_CALL_THE_SWIN_BLOCK = ("swin_window_attention must compute the attention itself (roll, windows, block.attn with "
+                        "the bias and the mask, reverse, roll back): calling block(x) inside it runs the block's own "
+                        "window attention, which this check does not provide")
+ERROR_MESSAGES = (_CALL_THE_VIT, _CALL_THE_SWIN_BLOCK)  # raised in the learner's process: translated at judging
+
+
 def _swin_no_shortcut(x, block, shift):
-    raise RuntimeError("swin_window_attention must compute the attention itself (roll, windows, block.attn with "
-                       "the bias and the mask, reverse, roll back): calling block(x) inside it runs the block's own "
-                       "window attention, which this check does not provide")
+    raise RuntimeError(_CALL_THE_SWIN_BLOCK)
 
 
 def _tiny_block(g, dim, n_heads, height, width, window, shift, dtype=torch.float32):

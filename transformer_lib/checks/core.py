@@ -32,15 +32,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 import threading
 from typing import Any, Callable
 
 import torch
 
-NOT_IMPLEMENTED = (
-    "not implemented yet: your function still raises NotImplementedError. Replace the "
-    "`raise NotImplementedError()` line with your code, then run this cell again."
-)
+from ..language import ENGLISH, current_language, say
 
 
 class CheckFailed(AssertionError):
@@ -87,10 +85,10 @@ class Case:
     kwargs: dict = dataclasses.field(default_factory=dict)
     hidden: bool = False  # hidden cases run only in the graded, hidden part of a test cell
 
-    def describe(self) -> str:
+    def describe(self, language: str = ENGLISH) -> str:
         parts = [_describe_value(a) for a in self.args]
         parts += [f"{k}={_describe_value(v)}" for k, v in self.kwargs.items()]
-        return f"case '{self.name}' ({', '.join(parts)})"
+        return say("case '{name}' ({inputs})", language, name=say(self.name, language), inputs=", ".join(parts))
 
 
 @dataclasses.dataclass
@@ -101,8 +99,9 @@ class Mistake:
     fix: str  # what to change: "take the softmax over the keys, dim=-1"
     implementation: Callable
 
-    def message(self, checker_name: str) -> str:
-        return f"{checker_name}: looks like {self.name}. {self.fix}"
+    def message(self, checker_name: str, language: str = ENGLISH) -> str:
+        return say("{exercise}: looks like {mistake}. {fix}", language, exercise=checker_name,
+                   mistake=say(self.name, language), fix=say(self.fix, language))
 
 
 @dataclasses.dataclass
@@ -175,63 +174,80 @@ def _plain(value):
     return {"__type__": f"{module}.{type(value).__qualname__}"}
 
 
-def _type_name(value) -> str:
+def _type_name(value, language: str = ENGLISH) -> str:
     if isinstance(value, dict) and "__type__" in value:
         t = value["__type__"]
-        return "a numpy array" if t == "numpy" else t
+        return say("a numpy array", language) if t == "numpy" else t
     if isinstance(value, torch.Tensor):
-        return "a torch.Tensor"
+        return say("a torch.Tensor", language)
     return type(value).__name__
 
 
-def describe_difference(expected, actual, where: str = "output", rtol=1e-5, atol=1e-6) -> str | None:
+def describe_difference(expected, actual, where: str | None = None, rtol=1e-5, atol=1e-6,
+                        language: str = ENGLISH) -> str | None:
     """None when `actual` matches `expected`; otherwise one sentence saying what differs."""
+    where = say("output", language) if where is None else where
+
+    def said(template: str, **fields) -> str:
+        return say(template, language, where=where, **fields)
+
     if isinstance(expected, torch.Tensor):
         if not isinstance(actual, torch.Tensor):
-            hint = " (convert with torch.as_tensor, or stay in torch throughout)" if _type_name(actual) == "a numpy array" else ""
-            return f"{where}: expected a torch.Tensor, got {_type_name(actual)}{hint}"
+            if _type_name(actual) == "a numpy array":
+                return said("{where}: expected a torch.Tensor, got a numpy array (convert with torch.as_tensor, "
+                            "or stay in torch throughout)")
+            return said("{where}: expected a torch.Tensor, got {got}", got=_type_name(actual, language))
         if actual.shape != expected.shape:
-            return f"{where}: wrong shape, expected {list(expected.shape)}, got {list(actual.shape)}"
+            return said("{where}: wrong shape, expected {expected}, got {got}", expected=list(expected.shape),
+                        got=list(actual.shape))
         if expected.dtype == torch.bool or not expected.is_floating_point():
             if actual.dtype != expected.dtype:
-                return f"{where}: wrong dtype, expected {expected.dtype}, got {actual.dtype}"
+                return said("{where}: wrong dtype, expected {expected}, got {got}", expected=expected.dtype,
+                            got=actual.dtype)
             wrong = (actual != expected).nonzero()
             if len(wrong):
                 idx = tuple(wrong[0].tolist())
-                return (f"{where}: {len(wrong)} of {expected.numel()} entries differ, first at index "
-                        f"{list(idx)}: expected {expected[idx].item()}, got {actual[idx].item()}")
+                return said("{where}: {count} of {total} entries differ, first at index {index}: expected "
+                            "{expected}, got {got}", count=len(wrong), total=expected.numel(), index=list(idx),
+                            expected=expected[idx].item(), got=actual[idx].item())
             return None
         if not actual.is_floating_point():
-            return f"{where}: expected floating point values ({expected.dtype}), got {actual.dtype}"
+            return said("{where}: expected floating point values ({expected}), got {got}", expected=expected.dtype,
+                        got=actual.dtype)
         if actual.dtype != expected.dtype:
-            return f"{where}: wrong dtype, expected {expected.dtype}, got {actual.dtype} (keep the input's dtype)"
+            return said("{where}: wrong dtype, expected {expected}, got {got} (keep the input's dtype)",
+                        expected=expected.dtype, got=actual.dtype)
         nan_actual, nan_expected = actual.isnan(), expected.isnan()
         if (nan_actual & ~nan_expected).any():
             idx = tuple(((nan_actual & ~nan_expected).nonzero()[0]).tolist())
-            return f"{where}: NaN at index {list(idx)} where {expected[idx].item():.4g} was expected"
+            return said("{where}: NaN at index {index} where {expected} was expected", index=list(idx),
+                        expected=f"{expected[idx].item():.4g}")
         if torch.allclose(actual.double(), expected.double(), rtol=rtol, atol=atol, equal_nan=True):
             return None
         error = (actual.double() - expected.double()).abs().nan_to_num(nan=float("inf"))
         flat = int(error.argmax())
         idx = tuple(torch.unravel_index(torch.tensor(flat), error.shape)) if error.dim() else ()
         idx = tuple(int(i) for i in idx)
-        return (f"{where}: values differ, largest error {error.max().item():.3g} at index {list(idx)}: "
-                f"expected {expected[idx].item():.6g}, got {actual[idx].item():.6g}")
+        return said("{where}: values differ, largest error {error} at index {index}: expected {expected}, got {got}",
+                    error=f"{error.max().item():.3g}", index=list(idx), expected=f"{expected[idx].item():.6g}",
+                    got=f"{actual[idx].item():.6g}")
     if isinstance(expected, (tuple, list)):
         if not isinstance(actual, (tuple, list)):
-            return f"{where}: expected a {type(expected).__name__} of {len(expected)} items, got {_type_name(actual)}"
+            return said("{where}: expected a {kind} of {count} items, got {got}", kind=type(expected).__name__,
+                        count=len(expected), got=_type_name(actual, language))
         if len(actual) != len(expected):
-            return f"{where}: expected {len(expected)} items, got {len(actual)}"
+            return said("{where}: expected {expected} items, got {got}", expected=len(expected), got=len(actual))
         for i, (e, a) in enumerate(zip(expected, actual)):
-            diff = describe_difference(e, a, f"{where}[{i}]", rtol, atol)
+            diff = describe_difference(e, a, f"{where}[{i}]", rtol, atol, language)
             if diff:
                 return diff
         return None
     if isinstance(expected, dict) and "__type__" not in expected:
         if not isinstance(actual, dict) or set(actual) != set(expected):
-            return f"{where}: expected a dict with keys {sorted(expected)}, got {_type_name(actual)}"
+            return said("{where}: expected a dict with keys {keys}, got {got}", keys=sorted(expected),
+                        got=_type_name(actual, language))
         for key in expected:
-            diff = describe_difference(expected[key], actual[key], f"{where}[{key!r}]", rtol, atol)
+            diff = describe_difference(expected[key], actual[key], f"{where}[{key!r}]", rtol, atol, language)
             if diff:
                 return diff
         return None
@@ -240,12 +256,12 @@ def describe_difference(expected, actual, where: str = "output", rtol=1e-5, atol
             if isinstance(actual, torch.Tensor) and actual.numel() == 1:
                 actual = actual.item()
             else:
-                return f"{where}: expected a number, got {_type_name(actual)}"
+                return said("{where}: expected a number, got {got}", got=_type_name(actual, language))
         if abs(actual - expected) <= atol + rtol * abs(expected):
             return None
-        return f"{where}: expected {expected:.6g}, got {actual:.6g}"
+        return said("{where}: expected {expected}, got {got}", expected=f"{expected:.6g}", got=f"{actual:.6g}")
     if type(actual) is not type(expected) or actual != expected:
-        return f"{where}: expected {expected!r}, got {actual!r}"
+        return said("{where}: expected {expected}, got {got}", expected=repr(expected), got=repr(actual))
     return None
 
 
@@ -325,37 +341,46 @@ class Checker:
             for e, a in zip(expected, actual)
         )
 
-    def judge(self, outputs: list, hidden: bool = False) -> Verdict:
+    def judge(self, outputs: list, hidden: bool = False, language: str = ENGLISH) -> Verdict:
+        """The verdict on `outputs`, its message in `language` (the diagnosis itself never depends on it)."""
         with SHARED_STATE:  # the mistakes and properties below run seeded code too
-            return self._judge(outputs, hidden)
+            return self._judge(outputs, hidden, language)
 
-    def _judge(self, outputs: list, hidden: bool) -> Verdict:
+    def _judge(self, outputs: list, hidden: bool, language: str) -> Verdict:
+        def said(template: str, **fields) -> str:
+            return say(template, language, exercise=self.name, **fields)
+
         cases = self.cases(hidden)
         if len(outputs) != len(cases):
-            return Verdict(False, f"{self.name}: expected outputs for {len(cases)} cases, got {len(outputs)}")
+            return Verdict(False, said("{exercise}: expected outputs for {expected} cases, got {got}",
+                                       expected=len(cases), got=len(outputs)))
         if any(_is_error(o) and o["__error__"] == "NotImplementedError" for o in outputs):
-            return Verdict(False, f"{self.name}: {NOT_IMPLEMENTED}")
+            return Verdict(False, said("{exercise}: not implemented yet: your function still raises "
+                                       "NotImplementedError. Replace the `raise NotImplementedError()` line with "
+                                       "your code, then run this cell again."))
         expected = self.expected_outputs(hidden)
         first_failure = None
         for case, e, a in zip(cases, expected, outputs):
             if _is_error(a):
-                first_failure = first_failure or (case, f"your function raised {a['__error__']}")
+                first_failure = first_failure or (case, say("your function raised {error}", language,
+                                                            error=_error_in(a["__error__"], language)))
                 continue
-            diff = describe_difference(e, a, rtol=self.rtol, atol=self.atol)
+            diff = describe_difference(e, a, rtol=self.rtol, atol=self.atol, language=language)
             if diff and first_failure is None:
                 first_failure = (case, diff)
         if first_failure is None:
-            return Verdict(True, f"{self.name}: all {len(cases)} cases match the reference.")
+            return Verdict(True, said("{exercise}: all {count} cases match the reference.", count=len(cases)))
         for mistake in self.mistakes:
             if self._outputs_match(self.collect_outputs(mistake.implementation, hidden), outputs):
-                return Verdict(False, mistake.message(self.name), mistake.name)
+                return Verdict(False, mistake.message(self.name, language), mistake.name)
         seen = self._properties_seen(cases, expected, outputs)
         if seen:
-            names = "; and ".join(p.name for p in seen)
-            fixes = " ".join(p.fix for p in seen)
-            return Verdict(False, f"{self.name}: your output shows {names}. {fixes}", seen[0].name)
+            names = say("; and ", language).join(say(p.name, language) for p in seen)
+            fixes = " ".join(say(p.fix, language) for p in seen)
+            return Verdict(False, said("{exercise}: your output shows {traits}. {fixes}", traits=names, fixes=fixes),
+                           seen[0].name)
         case, diff = first_failure
-        return Verdict(False, f"{self.name}: {case.describe()}: {diff}")
+        return Verdict(False, said("{exercise}: {case}: {difference}", case=case.describe(language), difference=diff))
 
     def _properties_seen(self, cases, expected, outputs) -> list[Property]:
         seen = []
@@ -376,10 +401,12 @@ class Checker:
 
     def verdict_for(self, fn: Callable, hidden: bool = False) -> Verdict:
         """Run and judge in this process (the notebook's path), and record the verdict."""
+        language = current_language()
         if not callable(fn):
-            verdict = Verdict(False, f"{self.name}: expected your function, got {_type_name(fn)}")
+            verdict = Verdict(False, say("{exercise}: expected your function, got {got}", language, exercise=self.name,
+                                         got=_type_name(fn, language)))
         else:
-            verdict = self.judge(self.collect_outputs(fn, hidden), hidden)
+            verdict = self.judge(self.collect_outputs(fn, hidden), hidden, language)
         RESULTS[self.name] = (fn, verdict)
         return verdict
 
@@ -409,10 +436,11 @@ def yours_or_reference(fn: Callable, checker: Checker):
     else:
         verdict = checker.verdict_for(fn)
     name = getattr(fn, "__name__", checker.name)
+    language = current_language()
     if verdict.passed:
-        print(f"using your `{name}`")
+        print(say("using your `{name}`", language, name=name))
         return fn
-    print(f"your `{name}` does not pass its check yet: using the reference")
+    print(say("your `{name}` does not pass its check yet: using the reference", language, name=name))
     return checker.fallback if checker.fallback is not None else checker.reference
 
 
@@ -448,17 +476,26 @@ def model_calls(model: torch.nn.Module, fn: Callable, *inputs, **kwargs) -> int:
 
 def exercise_summary(*checkers: Checker) -> None:
     """Print, for each exercise of a chapter, whether its last check passed."""
+    language = current_language()
     passed = [c for c in checkers if c.name in RESULTS and RESULTS[c.name][1].passed]
-    print(f"Exercises passing: {len(passed)} of {len(checkers)}")
+    print(say("Exercises passing: {passed} of {total}", language, passed=len(passed), total=len(checkers)))
     for checker in checkers:
         if checker.name not in RESULTS:
-            print(f"  \u00b7 {checker.name}: not checked yet (run its test cell)")
+            print("  \u00b7 " + say("{exercise}: not checked yet (run its test cell)", language, exercise=checker.name))
         elif RESULTS[checker.name][1].passed:
             print(f"  \u2713 {checker.name}")
         else:
-            message = RESULTS[checker.name][1].message.removeprefix(f"{checker.name}: ")
-            first_sentence = message.split(". ")[0].rstrip(".")
-            print(f"  \u2717 {checker.name}: {first_sentence}")
+            # The verdict's first sentence, in whichever language it was written (a Chinese one after "：").
+            message = RESULTS[checker.name][1].message.removeprefix(f"{checker.name}: ").removeprefix(f"{checker.name}：")
+            first_sentence = re.split(r"(?<=[.])\s|。", message)[0].rstrip(".")
+            print("  \u2717 " + say("{exercise}: {why}", language, exercise=checker.name, why=first_sentence))
+
+
+def _error_in(error: str, language: str) -> str:
+    """An exception raised in the learner's process ("RuntimeError: ..."), its text translated when the
+    chapter's catalogue has it (the errors the exercise's models raise on purpose)."""
+    kind, colon, text = error.partition(": ")
+    return f"{kind}{colon}{say(text, language)}" if colon else error
 
 
 def _is_error(output) -> bool:
