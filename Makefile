@@ -87,17 +87,20 @@ formgrader: venv
 	JUPYTER_CONFIG_PATH=$(INSTRUCTOR_CONFIG) $(VENV)/bin/jupyter lab --notebook-dir=$(CURDIR) \
 	  --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) --LabApp.default_url=/formgrader $(ROOT_FLAG)
 
+# The suite's notebooks speak English whatever the shell says (transformer_lib/language.py reads these).
+TEST_ENV := env -u COURSE_LANG -u JPY_SESSION_NAME
+
 test: venv-test browser sandbox
-	$(PY) -m pytest -p no:cacheprovider -n 2 --dist loadfile --nbval --nbval-current-env --nbval-cell-timeout=300 --durations=25 tests solutions
+	$(TEST_ENV) $(PY) -m pytest -p no:cacheprovider -n 2 --dist loadfile --nbval --nbval-current-env --nbval-cell-timeout=300 --durations=25 tests solutions
 
 test-fast: venv-test
-	$(PY) -m pytest -p no:cacheprovider -n 2 -m "not slow" tests
+	$(TEST_ENV) $(PY) -m pytest -p no:cacheprovider -n 2 -m "not slow" tests
 
 # The course on another Python (.ci/run: `make test-python PYTHON=python3.12 VENV=.venv-3.12`): the fast
 # tests, one chapter's nbval, and a real grading run of that chapter.
 test-python: venv-test sandbox
-	$(PY) -m pytest -p no:cacheprovider -n 2 --dist loadfile -m "not slow" tests
-	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-current-env --nbval-cell-timeout=300 \
+	$(TEST_ENV) $(PY) -m pytest -p no:cacheprovider -n 2 --dist loadfile -m "not slow" tests
+	$(TEST_ENV) $(PY) -m pytest -p no:cacheprovider --nbval --nbval-current-env --nbval-cell-timeout=300 \
 	  solutions/02_self_attention/02_self_attention.ipynb \
 	  tests/test_grading_race.py::test_a_fault_preparing_one_chapter_costs_that_chapter_only
 

@@ -162,10 +162,12 @@ def grade_job(spec: JobSpec) -> dict:
 
 
 class _Job:
+    language = ENGLISH  # of what the student reads (the submission's edition); the report's notes stay English
+
     def __init__(self, spec: JobSpec, clean: sanitize.Sanitized, work: Path, uid: int, iso, result: dict):
         self.spec, self.kit, self.clean, self.work, self.uid, self.iso, self.result = \
             spec, spec.kit, clean, work, uid, iso, result
-        self.language = clean.language  # of what the student reads; the report's notes stay English
+        self.language = clean.language
         self.limits = isolation.Limits(**spec.limits) if spec.limits else isolation.Limits()
         self.course = work / "course"
         self.library = hiding.library_root()

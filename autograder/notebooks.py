@@ -109,6 +109,8 @@ def main(argv=None) -> int:
     # cores: more threads than cores make small ops spin-wait, and the thread count can
     # change the last digits of a float reduction that nbval compares.
     os.environ["OMP_NUM_THREADS"] = "1"
+    for name in ("COURSE_LANG", "JPY_SESSION_NAME"):  # the solutions' outputs are English (transformer_lib/language.py)
+        os.environ.pop(name, None)
     selected = args.chapters or chapters()
     unknown = sorted(set(selected) - set(chapters()))
     if unknown:

@@ -111,3 +111,11 @@ def test_the_chinese_lab_is_the_english_one_in_chinese():
             assert zh.pop("@jupyterlab/translation-extension:plugin") == {"locale": "zh_CN"}
         assert zh == en, name
     assert (ZH / "README.md").exists(), "the Chinese start page, chapters/zh/README.md"
+
+
+def test_the_chinese_readme_gives_only_the_english_readmes_numbers():
+    """README.zh.md is README.md for Chinese readers: every number it gives is one README.md gives."""
+    english, chinese = (ROOT / "README.md").read_text(encoding="utf-8"), (ROOT / "README.zh.md").read_text(encoding="utf-8")
+    assert "README.zh.md" in english and "README.md" in chinese
+    invented = sorted(translations._numbers(chinese) - translations._numbers(english))
+    assert not invented, f"numbers in README.zh.md that README.md does not give: {invented}"
