@@ -105,6 +105,7 @@ class Collected:
     called: list = dataclasses.field(default_factory=list)  # hidden references called so far in the run
     called_during: list = dataclasses.field(default_factory=list)  # ... while this test's functions ran
     judged: list = dataclasses.field(default_factory=list)  # (passed, message) per checker call
+    english: list = dataclasses.field(default_factory=list)  # each message in English (the report's)
 
 
 @dataclasses.dataclass
@@ -514,9 +515,11 @@ class _Job:
         for flag in flags:
             self.result["flags"].append(f"{test.grade_id}: {flag}")
         if got.outputs is None:
-            passed, message = False, got.problem
+            passed, message, in_english = False, got.problem, got.problem
         else:
-            passed, message = all(p for p, _ in got.judged), next((m for p, m in got.judged if not p), "")
+            failed = [i for i, (p, _) in enumerate(got.judged) if not p]
+            passed, message = not failed, got.judged[failed[0]][1] if failed else ""
+            in_english = got.english[failed[0]] if failed and got.english else message  # for the report
         points = policy.score(test.points, passed, flags)
         score = f"{points:g}/{test.points:g}"
         if flags:
@@ -527,35 +530,44 @@ class _Job:
         if passed:
             return test.points, say("\u2713 {score}: every case of this test matches the reference.", self.language,
                                     score=score), ""
-        return 0.0, f"\u2717 {score}: {message}", f"failed the independent check: {message}"
+        return 0.0, f"\u2717 {score}: {message}", f"failed the independent check: {in_english}"
 
-    def _judge(self, test: TestPlan, outputs: list) -> list[tuple[bool, str]]:
-        """Judge one test's outputs, here, in the grader's process: (passed, message) per checker call."""
+    def _judge(self, test: TestPlan, outputs: list) -> tuple[list[tuple[bool, str]], list[str]]:
+        """Judge one test's outputs, here, in the grader's process: (passed, message) per checker call, the
+        message in the student's language; and each message in English, for the report."""
         from transformer_lib.checks import get_checker
 
-        judged = []
+        judged, english = [], []
         for call, call_outputs in zip(test.calls, outputs):
             checker = get_checker(call["checker"])
             if isinstance(call_outputs, dict):  # the function could not even be looked up
                 judged.append((False, f"{checker.name}: {call_outputs.get('__error__', 'no outputs')}"))
+                english.append(judged[-1][1])
                 continue
             try:
                 verdict = checker.judge(call_outputs, call["hidden"], self.language)
             except Exception as exc:  # validated outputs should never get here; if they do, 0 with a note
                 judged.append((False, say("{exercise}: the outputs could not be compared ({error})", self.language,
                                           exercise=checker.name, error=type(exc).__name__)))
+                english.append(say("{exercise}: the outputs could not be compared ({error})", ENGLISH,
+                                   exercise=checker.name, error=type(exc).__name__))
                 continue
-            judged.append((verdict.passed, verdict.message if verdict.passed else self._hide_cases(verdict.message, checker.name)))
-        return judged
+            if verdict.passed:
+                judged.append((True, verdict.message))
+                english.append(verdict.english)
+            else:
+                judged.append((False, self._hide_cases(verdict.message, checker.name, self.language)))
+                english.append(self._hide_cases(verdict.english, checker.name, ENGLISH))
+        return judged, english
 
-    def _hide_cases(self, message: str, checker_name: str) -> str:
-        if self.language == ENGLISH:
+    def _hide_cases(self, message: str, checker_name: str, language: str) -> str:
+        if language == ENGLISH:
             for described, name in self.kit.hidden_cases.get(checker_name, []):
                 message = message.replace(described, "a hidden case").replace(f"'{name}'", "(a hidden case)")
             return message
         for described, name in self.kit.hidden_cases_zh.get(checker_name, []):
-            message = message.replace(described, say("a hidden case", self.language))
-            message = message.replace(f"「{name}」", say("(a hidden case)", self.language))
+            message = message.replace(described, say("a hidden case", language))
+            message = message.replace(f"「{name}」", say("(a hidden case)", language))
         return message
 
     def public(self, text: str) -> str:
@@ -810,7 +822,7 @@ class _Job:
                 return bad(problem, *names)
             outputs.append(outs)
         got = Collected(outputs, "", *names)
-        got.judged = self._judge(test, outputs)
+        got.judged, got.english = self._judge(test, outputs)
         return got
 
     # -- tests that are not checker calls ------------------------------------------------------

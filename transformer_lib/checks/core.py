@@ -121,8 +121,12 @@ class Property:
 @dataclasses.dataclass
 class Verdict:
     passed: bool
-    message: str
+    message: str  # in the language the check was asked for
     mistake: str | None = None  # the name of the diagnosed mistake, if any
+    english: str = ""  # the message in English (the grader's report), when `message` is in another language
+
+    def __post_init__(self):
+        self.english = self.english or self.message
 
 
 def seeded(seed: int) -> torch.Generator:
@@ -342,45 +346,50 @@ class Checker:
         )
 
     def judge(self, outputs: list, hidden: bool = False, language: str = ENGLISH) -> Verdict:
-        """The verdict on `outputs`, its message in `language` (the diagnosis itself never depends on it)."""
+        """The verdict on `outputs`, its message in `language`, and in English too (the grader's report).
+        The diagnosis itself never depends on the language: only its wording does."""
         with SHARED_STATE:  # the mistakes and properties below run seeded code too
-            return self._judge(outputs, hidden, language)
+            passed, mistake, message = self._judge(outputs, hidden)
+        return Verdict(passed, message(language), mistake, english=message(ENGLISH))
 
-    def _judge(self, outputs: list, hidden: bool, language: str) -> Verdict:
-        def said(template: str, **fields) -> str:
+    def _judge(self, outputs: list, hidden: bool) -> tuple[bool, str | None, Callable[[str], str]]:
+        """(passed, the diagnosed mistake's name, the message as a function of the language)."""
+        def said(template: str, language: str, **fields) -> str:
             return say(template, language, exercise=self.name, **fields)
 
         cases = self.cases(hidden)
         if len(outputs) != len(cases):
-            return Verdict(False, said("{exercise}: expected outputs for {expected} cases, got {got}",
-                                       expected=len(cases), got=len(outputs)))
+            return False, None, lambda lang: said("{exercise}: expected outputs for {expected} cases, got {got}", lang,
+                                                  expected=len(cases), got=len(outputs))
         if any(_is_error(o) and o["__error__"] == "NotImplementedError" for o in outputs):
-            return Verdict(False, said("{exercise}: not implemented yet: your function still raises "
-                                       "NotImplementedError. Replace the `raise NotImplementedError()` line with "
-                                       "your code, then run this cell again."))
+            return False, None, lambda lang: said(
+                "{exercise}: not implemented yet: your function still raises NotImplementedError. Replace the "
+                "`raise NotImplementedError()` line with your code, then run this cell again.", lang)
         expected = self.expected_outputs(hidden)
-        first_failure = None
+        first_failure = None  # (case, a function of the language saying what went wrong)
         for case, e, a in zip(cases, expected, outputs):
             if _is_error(a):
-                first_failure = first_failure or (case, say("your function raised {error}", language,
-                                                            error=_error_in(a["__error__"], language)))
+                first_failure = first_failure or (case, lambda lang, a=a: say("your function raised {error}", lang,
+                                                                              error=_error_in(a["__error__"], lang)))
                 continue
-            diff = describe_difference(e, a, rtol=self.rtol, atol=self.atol, language=language)
-            if diff and first_failure is None:
-                first_failure = (case, diff)
+            if first_failure is None and describe_difference(e, a, rtol=self.rtol, atol=self.atol) is not None:
+                first_failure = (case, lambda lang, e=e, a=a: describe_difference(e, a, rtol=self.rtol, atol=self.atol,
+                                                                                  language=lang))
         if first_failure is None:
-            return Verdict(True, said("{exercise}: all {count} cases match the reference.", count=len(cases)))
+            return True, None, lambda lang: said("{exercise}: all {count} cases match the reference.", lang,
+                                                 count=len(cases))
         for mistake in self.mistakes:
             if self._outputs_match(self.collect_outputs(mistake.implementation, hidden), outputs):
-                return Verdict(False, mistake.message(self.name, language), mistake.name)
+                return False, mistake.name, lambda lang: mistake.message(self.name, lang)
         seen = self._properties_seen(cases, expected, outputs)
         if seen:
-            names = say("; and ", language).join(say(p.name, language) for p in seen)
-            fixes = " ".join(say(p.fix, language) for p in seen)
-            return Verdict(False, said("{exercise}: your output shows {traits}. {fixes}", traits=names, fixes=fixes),
-                           seen[0].name)
-        case, diff = first_failure
-        return Verdict(False, said("{exercise}: {case}: {difference}", case=case.describe(language), difference=diff))
+            return False, seen[0].name, lambda lang: said(
+                "{exercise}: your output shows {traits}. {fixes}", lang,
+                traits=say("; and ", lang).join(say(p.name, lang) for p in seen),
+                fixes=" ".join(say(p.fix, lang) for p in seen))
+        case, difference = first_failure
+        return False, None, lambda lang: said("{exercise}: {case}: {difference}", lang, case=case.describe(lang),
+                                              difference=difference(lang))
 
     def _properties_seen(self, cases, expected, outputs) -> list[Property]:
         seen = []
@@ -404,7 +413,9 @@ class Checker:
         language = current_language()
         if not callable(fn):
             verdict = Verdict(False, say("{exercise}: expected your function, got {got}", language, exercise=self.name,
-                                         got=_type_name(fn, language)))
+                                         got=_type_name(fn, language)),
+                              english=say("{exercise}: expected your function, got {got}", ENGLISH,
+                                          exercise=self.name, got=_type_name(fn)))
         else:
             verdict = self.judge(self.collect_outputs(fn, hidden), hidden, language)
         RESULTS[self.name] = (fn, verdict)
