@@ -252,27 +252,29 @@ class _Job:
             result["timings"]["re-runs"] = round(time.monotonic() - clock, 1)
             result["reruns"] = [t.grade_id for t in reruns]
 
-        verdicts: dict[str, tuple[float, str, str]] = {}  # gid -> (score, verdict for the student, note or "")
+        # gid -> (score, verdict for the student, note for the report or "", the note in the student's language)
+        verdicts: dict[str, tuple[float, str, str, str]] = {}
         for test in kit.tests:
             if test.grade_id in self.clean.deleted_tests:
                 verdicts[test.grade_id] = (0.0, say("This test cell was deleted from your notebook: scored 0.",
-                                                    self.language), "")
+                                                    self.language), "", "")
             elif test.calls:
                 verdicts[test.grade_id] = self.verdict(test, collected[test.grade_id])
             else:
                 verdicts[test.grade_id] = self.kernel_verdict(test, autograded)
 
         comments: dict[str, list[str]] = {}
-        for gid, (score, verdict, note) in verdicts.items():
+        for gid, (score, verdict, note, said) in verdicts.items():
             test = tests[gid]
             result["scores"][gid] = [score, test.points]
             in_kernel = nbgrader_scores.get(gid)
             if test.calls and score == 0 and in_kernel and in_kernel > 0 and gid not in self.clean.deleted_tests:
-                note = f"passed inside the notebook but failed the independent check: {note or verdict}; scored 0"
+                note, said = [say("passed inside the notebook but failed the independent check: {note}; scored 0",
+                                  language, note=n or verdict) for language, n in ((ENGLISH, note), (self.language, said))]
             if note:
                 result["notes"].append(f"'{gid}' {note}")
-                if test.answer_id:
-                    comments.setdefault(test.answer_id, []).append(f"{gid}: {self.public(note)}")
+                if test.answer_id:  # the gradebook's comment, on the student's feedback page
+                    comments.setdefault(test.answer_id, []).append(f"{gid}: {self.public(said)}")
         result["comments"] = {k: "\n".join(v) for k, v in comments.items()}
         clock = time.monotonic()
         self.finish(autograded, verdicts, comments)
@@ -502,8 +504,9 @@ class _Job:
 
     # -- the independent check ----------------------------------------------------------------
 
-    def verdict(self, test: TestPlan, got: "Collected") -> tuple[float, str, str]:
-        """(score, verdict shown to the student, note for the report) for one checker-based test."""
+    def verdict(self, test: TestPlan, got: "Collected") -> tuple[float, str, str, str]:
+        """(score, verdict shown to the student, note for the report, the note in the student's language) for
+        one checker-based test."""
         sources = self._learner_sources(test, before_only=True)
         references = [f"{m}.{n}" for m, n in test.hidden]
         uses_ref = set(sanitize.uses_reference(sources, references, test.checker_names, set(self.kit.release_lines)))
@@ -526,11 +529,13 @@ class _Job:
             note = "; ".join(flags)
             said = say("; ", self.language).join(policy.flags_for(sorted(uses_ref), forbidden, self.language))
             verdict = say("\u2717 {score}: {flags}.", self.language, score=score, flags=said)
-            return points, verdict + (say(" ({message})", self.language, message=message) if message else ""), note
+            return points, verdict + (say(" ({message})", self.language, message=message) if message else ""), note, said
         if passed:
             return test.points, say("\u2713 {score}: every case of this test matches the reference.", self.language,
-                                    score=score), ""
-        return 0.0, f"\u2717 {score}: {message}", f"failed the independent check: {in_english}"
+                                    score=score), "", ""
+        return (0.0, f"\u2717 {score}: {message}",
+                say("failed the independent check: {message}", ENGLISH, message=in_english),
+                say("failed the independent check: {message}", self.language, message=message))
 
     def _judge(self, test: TestPlan, outputs: list) -> tuple[list[tuple[bool, str]], list[str]]:
         """Judge one test's outputs, here, in the grader's process: (passed, message) per checker call, the
@@ -827,17 +832,18 @@ class _Job:
 
     # -- tests that are not checker calls ------------------------------------------------------
 
-    def kernel_verdict(self, test: TestPlan, autograded: dict) -> tuple[float, str, str]:
+    def kernel_verdict(self, test: TestPlan, autograded: dict) -> tuple[float, str, str, str]:
         """nbgrader's rule for a plain test cell, except that stderr output (a warning) costs nothing."""
         for cell in autograded.get("cells", []):
             if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == test.grade_id:
                 errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
                 if errors:
                     why = f"{errors[0].get('ename', 'Error')}: {str(errors[0].get('evalue', ''))[:300]}"
-                    return 0.0, f"\u2717 0/{test.points:g}: {self.public(why)}", f"failed in the notebook: {why}"
+                    return (0.0, f"\u2717 0/{test.points:g}: {self.public(why)}", f"failed in the notebook: {why}",
+                            say("failed in the notebook: {why}", self.language, why=why))
                 return test.points, say("\u2713 {score}: the test ran without an error.", self.language,
-                                        score=f"{test.points:g}/{test.points:g}"), ""
-        return 0.0, say("This test cell did not run.", self.language), "did not run"
+                                        score=f"{test.points:g}/{test.points:g}"), "", ""
+        return 0.0, say("This test cell did not run.", self.language), "did not run", say("did not run", self.language)
 
     # -- results ---------------------------------------------------------------------------------
 

@@ -136,6 +136,7 @@ def test_a_chinese_submission_gets_its_feedback_in_chinese(graded):
         "the chapter's Chinese text is the course's own: rendered, not escaped as a learner's markdown"
     text, _ = _page_text(course, "wang_blank_zh", TAMPERED)
     assert "还没有实现" in text and "not implemented yet" not in text
+    assert "没有通过独立检查" in text and "failed the independent check" not in text  # the gradebook's comments
 
     # A wrong answer: the diagnosis names the mistake in Chinese, and the score is the English one's
     first = _test_ids(TAMPERED)[0]
@@ -145,6 +146,8 @@ def test_a_chinese_submission_gets_its_feedback_in_chinese(graded):
     expected = say("{exercise}: looks like {mistake}. {fix}", CHINESE, exercise="project_qkv",
                    mistake=say(mistake.name, CHINESE), fix=say(mistake.fix, CHINESE))
     assert expected != mistake.message("project_qkv")
+    assert any(first in n and mistake.message("project_qkv") in n for n in report.notes[("hana_swapped_zh", TAMPERED)]), \
+        "the instructor's report stays English"
     assert re.sub(r"\s+", "", expected) in re.sub(r"\s+", "", text)  # the page wraps verdict lines
 
 

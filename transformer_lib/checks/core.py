@@ -26,6 +26,11 @@ The notebook side has three more pieces, so that a chapter runs straight through
   passes and the reference otherwise, and says which in one line. The learner's own
   name is never rebound, so re-running a test cell always tests what the learner wrote;
 * `exercise_summary(*checkers)` prints which exercises of the chapter pass.
+
+Every message is written here and in the chapters' checkers in English, and said in the
+notebook's language: each sentence goes through `say` (transformer_lib/language.py), which
+looks it up in the Chinese catalogue for a Chinese notebook. `judge` takes the language, so
+the grader can judge submissions of both editions side by side.
 """
 
 from __future__ import annotations
