@@ -33,7 +33,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from transformer_lib import language  # noqa: E402
+from transformer_lib import language, safe_ast  # noqa: E402  (safe_ast: the grader's rule, one parse at a time)
 from transformer_lib.checks import CHAPTER_MODULES  # noqa: E402
 
 CATALOGUE_DIR = language.CATALOGUE_DIR
@@ -52,7 +52,7 @@ def _say_templates(paths: list[Path]) -> list[Key]:
     """The literal first argument of every say(...) or said(...) call in `paths`, in source order."""
     keys = []
     for path in paths:
-        calls = [node for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        calls = [node for node in ast.walk(safe_ast.parse(path.read_text(encoding="utf-8")))
                  if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in SAYING
                  and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)]
         keys += [Key(node.args[0].value, f"{path.name}:{node.lineno}") for node in sorted(calls, key=lambda n: n.lineno)]
