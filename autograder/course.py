@@ -285,6 +285,7 @@ def build_kit(course: Course, chapter: str) -> "jobs.ChapterKit":
     hidden_names: set[str] = set()
     hidden_cases: dict[str, list[tuple[str, str]]] = {}
     hidden_cases_zh: dict[str, list[tuple[str, str]]] = {}
+    every_case: dict[str, list] = {}  # checker name -> its cases, visible and hidden
     for cell in solution.cells:
         meta = cell.metadata.get("nbgrader", {})
         if not (meta.get("grade") and not meta.get("solution") and cell.cell_type == "code"):
@@ -299,10 +300,13 @@ def build_kit(course: Course, chapter: str) -> "jobs.ChapterKit":
             hidden += [(h.module, h.name) for h in refs]
             forbidden += policy.forbidden_for(checker)
             names.append(call.checker)
-            cases = [(c.describe(), c.name) for c in checker.cases(hidden=True) if c.hidden]
+            if checker.name not in every_case:  # building cases holds the checks' lock: once per checker
+                every_case[checker.name] = checker.cases(hidden=True)
+            hidden_ones = [c for c in every_case[checker.name] if c.hidden]
+            cases = [(c.describe(), c.name) for c in hidden_ones]
             hidden_cases[checker.name] = cases
             secrets.update(d for d, _ in cases)
-            cases_zh = [(c.describe(CHINESE), say(c.name, CHINESE)) for c in checker.cases(hidden=True) if c.hidden]
+            cases_zh = [(c.describe(CHINESE), say(c.name, CHINESE)) for c in hidden_ones]
             hidden_cases_zh[checker.name] = cases_zh
             secrets.update(d for d, _ in cases_zh)
             hidden_names.update(n for _, n in cases if len(n) >= 10 or " " in n)
@@ -333,8 +337,7 @@ def build_kit(course: Course, chapter: str) -> "jobs.ChapterKit":
         finally:
             db.close()
 
-    visible_names = {c.name for t in tests for call in t.calls
-                     for c in get_checker(call["checker"]).cases(hidden=True) if not c.hidden}
+    visible_names = {c.name for cases in every_case.values() for c in cases if not c.hidden}
     secrets.update(hidden_names - visible_names)
     templates = []
     test_ids = {t.grade_id for t in tests}

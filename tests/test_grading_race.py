@@ -9,6 +9,7 @@ threads, a low GC threshold and objects whose finalizers yield the GIL.
 
 import ast
 import csv
+import functools
 import gc
 import sys
 import threading
@@ -114,11 +115,17 @@ def test_no_grader_code_calls_ast_parse_directly():
     assert offenders == []
 
 
+@functools.lru_cache(maxsize=None)
+def _solution_cells(chapter):
+    """A chapter's solution cells, read once: reading JSON is not what the stress is about, and a
+    notebook of several MB read 12 times a round under GC pressure took most of the test's minutes."""
+    return tuple(solution(chapter).cells)
+
+
 def _thread_unsafe_work(chapter, cache):
     """What kit preparation and a job do in-process on one chapter: read the checker calls of every
     test cell, hide each test's references in the library's source, scan an answer for the policy."""
-    nb = solution(chapter)
-    for cell in nb.cells:
+    for cell in _solution_cells(chapter):
         meta = cell.metadata.get("nbgrader", {})
         if meta.get("grade") and not meta.get("solution"):
             for call in course_cli.checker_calls(cell.source):
@@ -150,7 +157,7 @@ def _prepare_every_chapter_at_once(folder: str) -> None:
             # Bounded: a thread inside a collection runs the finalizers one by one, each handing the
             # GIL over, and a churner that kept adding cycles meanwhile kept it there for good (on CI
             # once: 8 GB and no progress in 18 minutes, the main thread still in its first collection).
-            if _Yields.live < 20_000:
+            if _Yields.live < 2_000:
                 garbage = [_Yields() for _ in range(100)]
                 del garbage
             time.sleep(0.001)
@@ -167,7 +174,7 @@ def _prepare_every_chapter_at_once(folder: str) -> None:
         with ThreadPoolExecutor(max_workers=len(CHAPTERS)) as pool:
             kits = list(pool.map(lambda ch: course_cli.prepare_chapter(course, ch, cache), CHAPTERS))
             assert [k.chapter for k in kits] == CHAPTERS
-            for _ in range(15):
+            for _ in range(3):
                 list(pool.map(lambda ch: _thread_unsafe_work(ch, cache), CHAPTERS))
     finally:
         noise.set()
