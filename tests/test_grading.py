@@ -19,6 +19,9 @@ pytestmark = pytest.mark.slow
 
 TAMPERED = "02_self_attention"  # the chapter the adversarial submissions are made from
 CELL_TIMEOUT = 15
+# The chapters graded in Chinese too: one from each part of the course, among them those whose exercise
+# models raise errors of their own (10, 12). All twelve took 24 jobs, 4 minutes of a 34-minute suite.
+CHINESE_CHAPTERS = ["02_self_attention", "07_training_inference", "10_gpt", "12_vision_transformers"]
 SOLUTION_REGION = re.compile(r"^([ \t]*)### BEGIN SOLUTION\n.*?^[ \t]*### END SOLUTION[ \t]*$", re.S | re.M)
 
 
@@ -46,7 +49,8 @@ def graded(tmp_path_factory):
     for chapter in CHAPTERS:
         _submit(course, "alice_solutions", chapter, solution(chapter))
         _submit(course, "bob_blank", chapter, released(chapter))
-        _submit(course, "li_solutions_zh", chapter, solution_chinese(chapter))  # the Chinese edition
+    for chapter in CHINESE_CHAPTERS:  # the Chinese edition
+        _submit(course, "li_solutions_zh", chapter, solution_chinese(chapter))
         _submit(course, "wang_blank_zh", chapter, released_chinese(chapter))
 
     nb = solution_chinese(TAMPERED)  # hana, Chinese edition: queries and keys swapped in the first exercise
@@ -115,7 +119,7 @@ def test_the_chinese_edition_is_graded_exactly_as_the_english_one(graded):
     """The same answers score the same in either language, test cell by test cell."""
     course, report = graded
     for english, chinese in (("alice_solutions", "li_solutions_zh"), ("bob_blank", "wang_blank_zh")):
-        for chapter in CHAPTERS:
+        for chapter in CHINESE_CHAPTERS:
             assert report.scores[(chinese, chapter)] == report.scores[(english, chapter)], (chinese, chapter)
             assert _cell_scores(course, chinese, chapter) == _cell_scores(course, english, chapter), (chinese, chapter)
         assert report.notes.get((chinese, TAMPERED)) == report.notes.get((english, TAMPERED))
@@ -203,8 +207,8 @@ def test_broken_notebook_scores_zero_is_reported_and_kept(graded):
 
 def test_feedback_is_written_and_hides_hidden_tests(graded):
     course, _ = graded
-    students = ["alice_solutions", "bob_blank", "li_solutions_zh", "wang_blank_zh"]
-    for student, chapter in [(s, c) for s in students for c in CHAPTERS]:
+    pages = [(s, c) for s in ("alice_solutions", "bob_blank") for c in CHAPTERS]
+    for student, chapter in pages + [(s, c) for s in ("li_solutions_zh", "wang_blank_zh") for c in CHINESE_CHAPTERS]:
         page = course.feedback / student / chapter / f"{chapter}.html"
         assert page.exists()
         text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
