@@ -683,6 +683,14 @@ class _Job:
             return (f"{where} ran past the per-cell limit of {self.spec.cell_timeout} s and did not stop "
                     "when interrupted: the run was stopped")
 
+        def kernel_ended() -> str:
+            """Why nbgrader's kernel stopped sending before the collection was complete."""
+            if time.monotonic() - cell_started >= self.spec.cell_timeout:
+                return overran()
+            where = f"while running {last_cell}" if str(last_cell).startswith("test") else f"in cell {last_cell}"
+            return (f"the notebook's process ended {where} before the test's outputs were sent "
+                    "(os._exit, a crash or the memory limit)")
+
         while True:
             now = time.monotonic()
             limit = min(deadline, total_deadline)
@@ -696,7 +704,12 @@ class _Job:
             if fd not in ready:  # the driver answered: the kernel's run is over
                 if not connected:
                     return collected, None
-                return end("")
+                if all(grade_id in collected for grade_id in tests):
+                    return end("")
+                # nbgrader stopped the notebook (a cell that ignored its interrupt, a dead kernel)
+                # before the collector's last frame: the same end as when the FIFO closes first,
+                # whichever of the two this machine happens to see first
+                return end(kernel_ended())
             try:
                 chunk = os.read(fd, 1 << 20)
             except BlockingIOError:
@@ -705,11 +718,7 @@ class _Job:
                 if proc is None:
                     if not connected and watch is not None:
                         return collected, None
-                    if time.monotonic() - cell_started >= self.spec.cell_timeout:
-                        return end(overran())
-                    where = f"while running {last_cell}" if str(last_cell).startswith("test") else f"in cell {last_cell}"
-                    return end(f"the notebook's process ended {where} before the test's outputs were sent "
-                               "(os._exit, a crash or the memory limit)")
+                    return end(kernel_ended())
                 code = proc.poll()
                 if code is None:
                     with contextlib.suppress(subprocess.TimeoutExpired):
