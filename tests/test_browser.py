@@ -145,7 +145,8 @@ def lab(tmp_path_factory):
             os.killpg(proc.pid, signal.SIGTERM)
             pytest.fail(f"`make lab` did not start:\n{text[-3000:]}")
         time.sleep(0.5)
-    yield {"url": f"http://127.0.0.1:{port}", "dir": workdir, "log": tmp / "lab.log", "shots": tmp}
+    yield {"url": f"http://127.0.0.1:{port}", "dir": workdir, "log": tmp / "lab.log", "shots": tmp,
+           "runtime": tmp / "runtime"}
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=30)
 
@@ -335,7 +336,8 @@ def _run_all_and_fill_one_exercise(lab, browser, chapter, language=ENGLISH):
             f"{chapter}: test cell {i} shows:\n{text[:800]}")
     # The last code cell is the chapter's summary: nothing passes yet.
     summary = code_locators.nth(len(code_cells) - 1).locator(".jp-OutputArea").inner_text()
-    assert WORDS[language]["none passing"] in summary, summary
+    assert WORDS[language]["none passing"] + f" {len(graded)}" in summary, summary
+    _test_cells_still_test_the_learner(lab, chapter, [code_cells[i].source for i in sorted(graded)], language)
 
     # Fill one exercise: a catalogued mistake is named, a right answer gets its tick.
     grade_id, keyword, wrong, right = EXERCISES[chapter]
@@ -355,6 +357,34 @@ def _run_all_and_fill_one_exercise(lab, browser, chapter, language=ENGLISH):
     _wait_for_output(page, test, "\u2713 " + re.escape(checker.name + WORDS[language]["all pass"]))
     page.screenshot(path=str(lab["shots"] / f"{chapter}-{language}-filled.png"))
     page.close()
+
+
+def _test_cells_still_test_the_learner(lab, chapter: str, sources: list[str], language: str):
+    """Every graded test cell again, after the whole chapter ran, in the kernel Run All used: each
+    must still fail with its one-line message. Nothing in the chapter may have rebound a learner's
+    function to the reference (that would make a test pass on an empty stub). The cells are sent
+    through a second client of the same kernel: the learner's tab is left as Run All left it."""
+    from jupyter_client import BlockingKernelClient
+
+    headers = {"Authorization": f"token {TOKEN}"}
+    with urllib.request.urlopen(urllib.request.Request(f"{lab['url']}/api/sessions", headers=headers), timeout=30) as r:
+        sessions = json.loads(r.read())
+    assert len(sessions) == 1, f"{chapter}: one kernel expected, found {sessions}"
+    client = BlockingKernelClient()
+    client.load_connection_file(str(lab["runtime"] / f"kernel-{sessions[0]['kernel']['id']}.json"))
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        for index, source in enumerate(sources):
+            errors = []
+            client.execute_interactive(source, timeout=120, output_hook=lambda msg: errors.append(msg["content"])
+                                       if msg["msg_type"] == "error" else None)
+            assert len(errors) == 1 and errors[0]["ename"] == "CheckFailed" and \
+                WORDS[language]["unfinished"] in errors[0]["evalue"], (
+                    f"{chapter}: graded test cell {index + 1}, run again after the whole chapter, no longer fails "
+                    f"on the unfilled stub: {errors}")
+    finally:
+        client.stop_channels()
 
 
 def _shut_down_kernels(url: str):

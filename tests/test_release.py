@@ -2,6 +2,7 @@
 
 import ast
 import re
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -27,7 +28,7 @@ def test_jupytext_source_and_notebook_agree(chapter):
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_release_matches_what_the_release_command_makes_now(chapter, tmp_path):
+def test_release_in_both_languages_matches_what_the_release_command_makes_now(chapter, tmp_path):
     course = scratch_course(tmp_path, [chapter])
     course_cli.release(course, [chapter])
     fresh = nbformat.read(tmp_path / "chapters" / chapter / f"{chapter}.ipynb", as_version=4)
@@ -37,6 +38,12 @@ def test_release_matches_what_the_release_command_makes_now(chapter, tmp_path):
     assert fresh == committed, f"chapters/{chapter} differs from a fresh release in metadata or outputs: run `make release`"
     assert sorted(p.name for p in (tmp_path / "chapters" / chapter).iterdir()) == sorted(
         p.name for p in (ROOT / "chapters" / chapter).iterdir())
+    # The same command wrote the Chinese edition (tests/test_translations.py holds its text to the English)
+    chinese = Path(course_cli.CHINESE) / chapter / f"{chapter}.ipynb"
+    assert (tmp_path / "chapters" / chinese).exists(), f"`make release` wrote no Chinese {chapter}"
+    assert nbformat.read(tmp_path / "chapters" / chinese, as_version=4) == \
+        nbformat.read(ROOT / "chapters" / chinese, as_version=4), \
+        f"chapters/{chinese.parent} is out of date: run `make release` and commit chapters/"
 
 
 def _expected_stub(source: str) -> str:
