@@ -53,29 +53,43 @@ class _Yields:
         time.sleep(0)
 
 
-def _stress(parse, threads=8, rounds=20) -> list[str]:
-    """Parse the library's sources in `threads` threads at once; the errors seen."""
+def _in_threads_under_pressure(work, items, rounds: int, freeze: bool = False) -> list[str]:
+    """`work(item)` `rounds` times in one thread per item, all at once, with thread switches forced,
+    a collection every 50 allocations and finalizers that yield the GIL before each call; the errors
+    seen. With `freeze`, what the heap holds already is taken out of the collector's sight
+    (`gc.freeze()`): otherwise every collection walks it all."""
     errors = []
     old_interval, old_threshold = sys.getswitchinterval(), gc.get_threshold()
+    if freeze:
+        gc.collect()
+        gc.freeze()
     sys.setswitchinterval(1e-6)
     gc.set_threshold(50, 2, 2)
 
-    def work(offset):
+    def run(item):
         try:
             for i in range(rounds):
                 garbage = [_Yields() for _ in range(50)]
                 del garbage
-                parse(SOURCES[(offset + i) % len(SOURCES)])
-        except Exception as exc:  # noqa: BLE001 (what the race raises is the point)
-            errors.append(f"{type(exc).__name__}: {exc}")
+                work(item, i)
+        except Exception as exc:  # noqa: BLE001 (what a race raises is the point)
+            errors.append(f"{item}: {type(exc).__name__}: {exc}")
 
     try:
-        _run_together([threading.Thread(target=work, args=(n,)) for n in range(threads)])
+        _run_together([threading.Thread(target=run, args=(item,)) for item in items])
     finally:
         sys.setswitchinterval(old_interval)
         gc.set_threshold(*old_threshold)
+        if freeze:
+            gc.unfreeze()
         gc.collect()
     return errors
+
+
+def _stress(parse, threads=8, rounds=20) -> list[str]:
+    """Parse the library's sources in `threads` threads at once; the errors seen."""
+    return _in_threads_under_pressure(lambda offset, i: parse(SOURCES[(offset + i) % len(SOURCES)]),
+                                      range(threads), rounds)
 
 
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="the ast race is a CPython 3.11 bug (python/cpython#106905)")
@@ -141,41 +155,21 @@ def _thread_unsafe_work(chapter, cache):
 
 def _kit_work_at_once(rounds: int) -> list[str]:
     """The in-process work of kit preparation (`_thread_unsafe_work`) on all 12 chapters in 12
-    threads at once, `rounds` times, under the pressure `_stress` puts on a parse: forced thread
-    switches, a collection every 50 allocations, finalizers that yield the GIL. The errors seen.
+    threads at once, `rounds` times, under the pressure `_stress` puts on a parse. The errors seen.
 
-    A first round runs without the pressure, then `gc.freeze()` takes what it built (the checkers,
-    their cases, the notebooks' cells) out of the collector's sight: without it every collection
-    walks that whole heap, and a round took from 30 s to over 4 minutes."""
+    A first round runs without the pressure, then what it built (the checkers, their cases, the
+    notebooks' cells) is frozen out of the collector's sight: without that, every collection walks
+    the whole heap, and a round took from 30 s to over 4 minutes."""
     with ThreadPoolExecutor(max_workers=len(CHAPTERS)) as pool:
         list(pool.map(lambda ch: _thread_unsafe_work(ch, None), CHAPTERS))
-    errors = []
-    old_interval, old_threshold = sys.getswitchinterval(), gc.get_threshold()
-    gc.collect()
-    gc.freeze()
-    sys.setswitchinterval(1e-6)
-    gc.set_threshold(50, 2, 2)
-
-    def work(chapter):
-        try:
-            for _ in range(rounds):
-                garbage = [_Yields() for _ in range(50)]
-                del garbage
-                _thread_unsafe_work(chapter, None)
-        except Exception as exc:  # noqa: BLE001 (what a race raises is the point)
-            errors.append(f"{chapter}: {type(exc).__name__}: {exc}")
-
-    try:
-        _run_together([threading.Thread(target=work, args=(chapter,)) for chapter in CHAPTERS])
-    finally:
-        sys.setswitchinterval(old_interval)
-        gc.set_threshold(*old_threshold)
-        gc.unfreeze()
-        gc.collect()
-    return errors
+    return _in_threads_under_pressure(lambda chapter, _: _thread_unsafe_work(chapter, None), CHAPTERS, rounds,
+                                      freeze=True)
 
 
-KIT_ROUNDS = 10
+# With safe_ast's lock taken out (AST_LOCK = contextlib.nullcontext()), 20 rounds found the race on
+# this 2-core machine (SystemError: AST constructor recursion depth mismatch) and 10 did not: about
+# a minute alone, beside the parse stress above, which finds it in seconds.
+KIT_ROUNDS = 20
 
 
 # Checkers whose cases, references or mistakes seed torch's default generator (fork_rng, then
