@@ -101,6 +101,39 @@ class Course:
         return proc
 
 
+# nbgrader generate_assignment for several chapters in one process: nbgrader's start-up and the
+# course configuration (which reads every chapter, autograder/nbgrader_config.py) cost about 2 s,
+# paid once instead of once a chapter. Each chapter is exactly what `nbgrader generate_assignment
+# CHAPTER --force` makes: the same application class, with the course's configuration.
+_GENERATE_ASSIGNMENTS = """
+import sys
+from nbgrader.apps import NbGraderAPI
+from nbgrader.apps.nbgraderapp import NbGraderApp
+
+app = NbGraderApp.instance()
+app.load_config_file()
+config = app.config
+release_directory, chapters = sys.argv[1], sys.argv[2:]
+if release_directory:
+    config.CourseDirectory.release_directory = release_directory
+api = NbGraderAPI(config=config)
+for chapter in chapters:
+    result = api.generate_assignment(chapter, force=True)
+    if not result["success"]:
+        sys.exit(f"nbgrader generate_assignment {chapter} failed:\\n{result.get('log', '')}\\n{result.get('error', '')}")
+"""
+
+
+def generate_assignments(course: Course, chapters: list[str], release_dir: str | None = None) -> None:
+    env = dict(os.environ, JUPYTER_CONFIG_PATH=str(course.root / "autograder"),
+               PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    env.setdefault("PYTHONHASHSEED", "0")
+    proc = subprocess.run([sys.executable, "-c", _GENERATE_ASSIGNMENTS, release_dir or "", *chapters],
+                          cwd=course.root, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"nbgrader generate_assignment failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+
+
 # -- release ---------------------------------------------------------------------------
 
 
@@ -138,7 +171,6 @@ def release(course: Course, chapters: list[str] | None = None, release_dir: str 
 
     Refuses (unless `force`) to overwrite a notebook in the release folder that a learner has
     worked in: `make lab` serves that very folder, and their answers live nowhere else."""
-    extra = [f"--CourseDirectory.release_directory={release_dir}"] if release_dir else []
     selected = chapters or course.chapters()
     out = course.root / release_dir if release_dir else course.chapters_dir
     if not force and release_dir is None:
@@ -150,9 +182,9 @@ def release(course: Course, chapters: list[str] | None = None, release_dir: str 
                         f"{path.relative_to(course.root)} holds a learner's work ({'; '.join(reasons)}). "
                         f"Release would overwrite it: move it somewhere safe first, or run `make release FORCE=1` "
                         f"to overwrite it anyway.")
-    for chapter in selected:
-        course.nbgrader("generate_assignment", chapter, "--force", *extra)
-        if release_dir is None:  # the learners' release; the grader's own copies need no Chinese
+    generate_assignments(course, selected, release_dir)
+    if release_dir is None:  # the learners' release; the grader's own copies need no Chinese
+        for chapter in selected:
             release_chinese(course, chapter, out)
 
 
@@ -383,12 +415,65 @@ def _chinese(course: Course, chapter: str, release_nb):
         return release_nb
 
 
-def prepare_chapter(course: Course, chapter: str, cache: Path) -> "jobs.ChapterKit":
-    """A chapter's kit and the library copies its jobs will need, built once before any job runs.
-    Safe to call for several chapters in threads at once (tests/test_grading_race.py)."""
+def grader_cache(course: Course) -> Path:
+    """Where the grader keeps what it builds from the course's own files: the library copies with
+    references hidden (`libraries/`) and the chapters' kits (`kits/`). Both are addressed by the
+    content they are built from, so a later `make grade` (a regrade) reuses them and an edit to a
+    solution, the grader or the library builds anew. COURSE_GRADER_CACHE puts it elsewhere: the
+    test suite shares one between its grading runs, which grade copies of the same course."""
+    return Path(os.environ.get("COURSE_GRADER_CACHE") or course.root / "autograder" / ".sandbox")
+
+
+def kit_digest(course: Course, chapter: str) -> str:
+    """What a chapter's kit is built from: its solution and Chinese text, the grader's code, the
+    library and its message catalogues, and nbgrader's version."""
+    import hashlib
+
+    import nbgrader
+
     import hiding
 
-    kit = build_kit(course, chapter)
+    library = hiding.library_root()
+    digest = hashlib.sha256(nbgrader.__version__.encode())
+    files = [course.solutions / chapter / f"{chapter}.ipynb", course.solutions / chapter / f"{chapter}.zh.toml"]
+    files += sorted(HERE.glob("*.py")) + sorted(p for p in library.rglob("*") if p.suffix in (".py", ".toml"))
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + (path.read_bytes() if path.exists() else b"(none)") + b"\0")
+    return digest.hexdigest()[:24]
+
+
+def cached_kit(course: Course, chapter: str, kits: Path) -> "jobs.ChapterKit":
+    """build_kit(course, chapter), or the kit an earlier run built from the same content. The kit
+    holds hidden tests: the folder is the grader's alone (0700), and no sandbox binds it. One
+    builder at a time per kit (a lock file), so parallel graders build it once."""
+    import fcntl
+    import pickle
+
+    kits.mkdir(parents=True, exist_ok=True)
+    os.chmod(kits, 0o700)
+    path = kits / f"{chapter}-{kit_digest(course, chapter)}.pickle"
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with open(path, "rb") as f:
+                return pickle.load(f)
+        except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
+            pass  # not built yet, or unreadable: build it
+        kit = build_kit(course, chapter)
+        work = path.with_suffix(".tmp")
+        with open(os.open(work, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+            pickle.dump(kit, f)
+        os.replace(work, path)
+        return kit
+
+
+def prepare_chapter(course: Course, chapter: str, cache: Path) -> "jobs.ChapterKit":
+    """A chapter's kit and the library copies its jobs will need, built once before any job runs
+    (or found in the grader's cache, grader_cache()). Safe to call for several chapters in threads
+    at once (tests/test_grading_race.py)."""
+    import hiding
+
+    kit = cached_kit(course, chapter, cache.parent / "kits")
     sets = [[hiding.Hidden(*h) for h in sorted({h for t in kit.tests for h in t.hidden})]]
     sets += [[hiding.Hidden(*h) for h in t.hidden] for t in kit.tests if t.calls]
     hiding.build_copies(cache, sets)
@@ -482,7 +567,7 @@ def grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, sche
             if not path.exists() and (course.submitted / student / chapter).exists():
                 report.note(student, chapter, f"no {chapter}.ipynb in the submission folder")
         present = {key: path for key, path in submissions.items() if path.is_file()}
-        cache = course.root / "autograder" / ".sandbox" / "libraries"
+        cache = grader_cache(course) / "libraries"
 
         def prepare(chapter):
             return prepare_chapter(course, chapter, cache)
@@ -584,7 +669,8 @@ def _check_isolation(course: Course, iso) -> dict:
     view of solutions/, the gradebook or the submissions, own PID namespace, children die."""
     import isolation
 
-    secrets = [str(course.solutions), str(course.root / "autograder" / "gradebook.db"), str(course.submitted)]
+    secrets = [str(course.solutions), str(course.root / "autograder" / "gradebook.db"), str(course.submitted),
+               str(grader_cache(course) / "kits")]
     try:
         with isolation.job_uid() as uid:
             return isolation.verify(isolation.SandboxSpec(uid=uid), secrets, iso)

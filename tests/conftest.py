@@ -58,3 +58,28 @@ if not any(t.name == "course-memory-guard" for t in threading.enumerate()) and \
     signal.signal(signal.SIGUSR1, _raise_in_main_thread)
     threading.Thread(target=_watch, args=(threading.main_thread().ident,), name="course-memory-guard",
                      daemon=True).start()
+
+
+def pytest_configure(config):
+    import suite_time  # noqa: PLC0415  (tests/ is on sys.path: pytest's rootdir-relative conftest import)
+
+    suite_time.register(config)
+    # Every grading run of the suite grades a copy of the same course: they share the grader's cache
+    # (autograder/course.py grader_cache: kits and library copies, addressed by content), so each kit
+    # is built once per run of the suite. Set here, in the controller, before pytest-xdist starts its
+    # workers, which inherit it.
+    if not hasattr(config, "workerinput") and "COURSE_GRADER_CACHE" not in os.environ:
+        import tempfile
+
+        cache = tempfile.mkdtemp(prefix="course-grader-cache-")
+        os.chmod(cache, 0o755)  # the sandboxes read the library copies in it
+        os.environ["COURSE_GRADER_CACHE"] = config.course_grader_cache = cache
+
+
+def pytest_unconfigure(config):
+    cache = getattr(config, "course_grader_cache", None)
+    if cache:
+        import shutil
+
+        shutil.rmtree(cache, ignore_errors=True)
+        os.environ.pop("COURSE_GRADER_CACHE", None)

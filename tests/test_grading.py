@@ -72,8 +72,10 @@ def graded(tmp_path_factory):
     nb.cells = [c for c in nb.cells if nbgrader_meta(c).get("grade_id") != deleted]
     _submit(course, "dave_deleted_test", TAMPERED, nb)
 
-    nb = solution(TAMPERED)  # erin: an endless loop in the third answer
-    _replace_answer(_exercises(nb)[2][0], "while True:\n    pass")
+    nb = solution(TAMPERED)  # erin: an endless loop in the third answer. It sleeps rather than spins: the
+    # same timeout stops it (tests/test_grading_adversarial.py has the loops that spin and swallow interrupts)
+    # without burning a core for the three periods of the limit that its collector and test cell wait.
+    _replace_answer(_exercises(nb)[2][0], "import time\nwhile True:\n    time.sleep(0.1)")
     _submit(course, "erin_endless_loop", TAMPERED, nb)
 
     nb = solution(TAMPERED)  # frank: a wrong answer, and a patch that makes every check pass in the kernel

@@ -251,14 +251,14 @@ def test_a_fault_preparing_one_chapter_costs_that_chapter_only(tmp_path, monkeyp
             folder = course.submitted / student / chapter
             folder.mkdir(parents=True)
             nbformat.write(nb, folder / f"{chapter}.ipynb")
-    real = course_cli.build_kit
+    real = course_cli.cached_kit  # build_kit, or the kit the suite's grader cache holds
 
-    def build_kit(course_, chapter):
+    def cached_kit(course_, chapter, kits):
         if chapter == broken:
             raise RuntimeError("a fault planted by the test")
-        return real(course_, chapter)
+        return real(course_, chapter, kits)
 
-    monkeypatch.setattr(course_cli, "build_kit", build_kit)
+    monkeypatch.setattr(course_cli, "cached_kit", cached_kit)
     status = course_cli.main(["--root", str(course.root), "grade", "--jobs", "2", "--cell-timeout", "30"])
     err = capsys.readouterr().err
     assert status == 1
