@@ -1002,7 +1002,7 @@ for n in (56 * 56, 112 * 112):  # a 224x224 and a 448x448 image in 4x4 patches
 # %% [markdown]
 # ## 10. The experiment: a CNN, a ViT and a Swin on the digits
 #
-# What are the convolution's built-in assumptions worth when examples are few? Measuring that in about a minute on
+# What are the convolution's built-in assumptions worth when examples are few? Measuring that in under a minute on
 # one CPU thread takes small models, and a protocol that keeps the comparison honest: the same training budget for
 # every model, each model tuned the same way, a test set nobody looks at until the end, and several runs per point
 # so that noise shows as noise.
@@ -1021,17 +1021,19 @@ for n in (56 * 56, 112 * 112):  # a 224x224 and a 448x448 image in 4x4 patches
 #     twice as wide as the tokens. It runs on your `patchify`, `window_partition`, `window_reverse`,
 #     `shifted_window_mask`, `relative_position_index_2d`, `swin_window_attention` and `merge_patches`.
 # * **Training**, the same for all three: AdamW with weight decay 0.05, a 20-step linear warm-up and then a cosine
-#   decay to zero, batches of 64, and **200 steps at every training-set size**: the same number of weight updates
-#   everywhere, though not the same number of passes over the data (about 128 views of each image with 100 images,
-#   about 12 with 1,047). No data augmentation, no dropout.
+#   decay to zero, batches of 64, and **150 steps at every training-set size**: the same number of weight updates
+#   everywhere, though not the same number of passes over the data (about 96 views of each image with 100 images,
+#   about 9 with 1,047). No data augmentation, no dropout.
 # * **Learning rate**, chosen for each model from the same grid, $10^{-3}$, $3 \cdot 10^{-3}$ and $10^{-2}$: each rate
-#   is trained with seed 0 at the three sizes, and the rate with the best mean *validation* accuracy becomes the
-#   model's rate at every size (the library's `choose_learning_rates`).
-# * **Seeds.** Seeds 1 and 2 are then trained at the chosen rates: three runs per model and size. A seed fixes
-#   everything random in a run (which images of the pool are drawn, the initial weights, the order of the batches),
-#   so the spread of the three runs reflects all of it (except with 1,047 images, where every run uses the whole
-#   pool; the validation and test images are the same for every run). `train_run` in `transformer_lib/vision.py` is one run; it
-#   trains on a single CPU thread, the fastest way for models this small, whatever your machine has.
+#   is trained with seed 0 on 300 images, the middle size, and the rate with the best *validation* accuracy becomes
+#   the model's rate at every size (the library's `choose_learning_rates`).
+# * **Seeds.** Seeds 1, 2 and 3 are then trained at the chosen rates, at every size: three runs per model and size,
+#   none of them among the runs that chose the rate (a run kept because it scored best on validation would flatter
+#   its model a little on the test set too). A seed fixes everything random in a run (which images of the pool are
+#   drawn, the initial weights, the order of the batches), so the spread of the three runs reflects all of it (except
+#   with 1,047 images, where every run uses the whole pool; the validation and test images are the same for every
+#   run). `train_run` in `transformer_lib/vision.py` is one run; it trains on a single CPU thread, the fastest way for
+#   models this small, whatever your machine has.
 
 # %%
 def make_cnn():
@@ -1061,7 +1063,8 @@ PARAMETERS = {name: count_parameters(build()) for name, build in MODELS.items()}
 data = digits_split(validation_size=300)  # 300 training images move to a validation set; the test set stays
 SIZES = (100, 300, len(data.train_images))
 RATES = (1e-3, 3e-3, 1e-2)
-STEPS = 200
+GRID_SIZE, SEEDS = 300, (1, 2, 3)  # the rates are chosen with seed 0 on 300 images; the kept runs use seeds 1-3
+STEPS = 150
 print(f"pool: {len(data.train_images):,} images, validation: {len(data.val_images)}, test: {len(data.test_images)} "
       f"(the same as before: {torch.equal(data.test_images, digits.test_images)})")
 print("validation images per digit:", torch.bincount(data.val_labels).tolist())
@@ -1073,20 +1076,19 @@ print(f"training: AdamW, weight decay {loop['weight_decay'].default}, {loop['war
 
 # %% tags=["nbval-ignore-output", "timing"]
 start = time.perf_counter()
-settings = [(name, lr, n) for name in MODELS for lr in RATES for n in SIZES]
-grid = [train_run(name, MODELS[name], data, n, lr, seed=0, steps=STEPS)
-        for name, lr, n in tqdm(settings, desc="learning-rate grid, seed 0")]
+settings = [(name, lr) for name in MODELS for lr in RATES]
+grid = [train_run(name, MODELS[name], data, GRID_SIZE, lr, seed=0, steps=STEPS)
+        for name, lr in tqdm(settings, desc=f"learning-rate grid, {GRID_SIZE} images, seed 0")]
 print(f"{len(grid)} runs in {time.perf_counter() - start:.0f} s")
 
 # %% tags=["nbval-ignore-output"]
 rate = choose_learning_rates(grid)
-grid_mean = {(name, lr): np.mean([r.val_accuracy for r in grid if r.name == name and r.lr == lr])
-             for name in MODELS for lr in RATES}
-print("mean validation accuracy of seed 0 over the three sizes")
+grid_val = {(r.name, r.lr): r.val_accuracy for r in grid}
+print(f"validation accuracy of seed 0 trained on {GRID_SIZE} images")
 print("rate:".ljust(6) + "".join(f"{lr:>9g}" for lr in RATES) + "   chosen")
 for name in MODELS:
-    print(f"{name:<6}" + "".join(f"{grid_mean[name, lr]:>9.1%}" for lr in RATES) + f"   {rate[name]:g}")
-cost_of_worst = {name: grid_mean[name, rate[name]] - min(grid_mean[name, lr] for lr in RATES) for name in MODELS}
+    print(f"{name:<6}" + "".join(f"{grid_val[name, lr]:>9.1%}" for lr in RATES) + f"   {rate[name]:g}")
+cost_of_worst = {name: grid_val[name, rate[name]] - min(grid_val[name, lr] for lr in RATES) for name in MODELS}
 claim(min(cost_of_worst.values()) >= 0.02, "the choice matters: for each model, the worst rate of the grid is at least "
       "2 points below the chosen one on validation",
       measured=", ".join(f"{name} {gap * 100:.1f}" for name, gap in cost_of_worst.items()))
@@ -1097,15 +1099,15 @@ print("chose the largest rate of the grid:", ", ".join(at_edge) or "none")
 
 # %% [markdown]
 # A model whose best rate is the largest one tried may do better still with a larger rate: the grid does not
-# bracket its best. One rate also serves all three sizes. Both are limits of this tuning, the same for every model.
+# bracket its best. One rate, chosen on 300 images, also serves the other two sizes, where another rate might do
+# better. Both are limits of this tuning, the same for every model.
 
 # %% tags=["nbval-ignore-output", "timing"]
 start = time.perf_counter()
-more = [(name, n, seed) for name in MODELS for n in SIZES for seed in (1, 2)]
-final = [r for r in grid if r.lr == rate[r.name]]  # seed 0 at the chosen rates
-final += [train_run(name, MODELS[name], data, n, rate[name], seed=seed, steps=STEPS)
-          for name, n, seed in tqdm(more, desc="seeds 1 and 2")]
-print(f"{len(more)} more runs in {time.perf_counter() - start:.0f} s")
+kept = [(name, n, seed) for name in MODELS for n in SIZES for seed in SEEDS]
+final = [train_run(name, MODELS[name], data, n, rate[name], seed=seed, steps=STEPS)
+         for name, n, seed in tqdm(kept, desc="seeds 1-3 at the chosen rates")]
+print(f"{len(final)} runs in {time.perf_counter() - start:.0f} s")
 
 # %% [markdown]
 # Whose code did the Transformers just train on? Each model keeps the functions it was built with, and
@@ -1127,14 +1129,14 @@ for model_name, used, learners in [("ViT", vit_forward_impl, vit_forward),
 # mean of the three seeds and, in brackets, the lowest and highest of them; the error bars of the figure are the
 # same range (min to max: not a standard deviation or a confidence interval; the range of three runs is narrow by
 # construction, and a fourth run would often fall outside it). The last
-# rows give the worst training loss at the end (the mean of the last 10 steps), to see whether the 200 steps were
+# rows give the worst training loss at the end (the mean of the last 10 steps), to see whether the 150 steps were
 # enough.
 
 # %% tags=["nbval-ignore-output"]
 test = {(r.name, r.n_train, r.seed): accuracy(r.model, data.test_images, data.test_labels) for r in final}
-runs = {(name, n): [test[name, n, seed] for seed in (0, 1, 2)] for name in MODELS for n in SIZES}
+runs = {(name, n): [test[name, n, seed] for seed in SEEDS] for name in MODELS for n in SIZES}
 end_loss = {(r.name, r.n_train, r.seed): float(np.mean(r.losses[-10:])) for r in final}
-worst_end_loss = {(name, n): max(end_loss[name, n, seed] for seed in (0, 1, 2)) for name in MODELS for n in SIZES}
+worst_end_loss = {(name, n): max(end_loss[name, n, seed] for seed in SEEDS) for name in MODELS for n in SIZES}
 
 print(f"{'test accuracy':<14}{'parameters':>11}{'rate':>7}" + "".join(f"{f'{n:,} images':>24}" for n in SIZES))
 for name in MODELS:
@@ -1161,59 +1163,73 @@ ax.legend(fontsize=8)
 fig.tight_layout()
 plt.show()
 
-# %%
+# %% tags=["nbval-ignore-output"]
 N_ALL = SIZES[-1]
 mean = {key: np.mean(values) for key, values in runs.items()}
 lead = {n: mean["CNN", n] - max(mean["ViT", n], mean["Swin", n]) for n in SIZES}
 drop = {name: mean[name, N_ALL] - mean[name, 100] for name in MODELS}
+print("the CNN's lead over the better Transformer (points): "
+      + ", ".join(f"{lead[n] * 100:.1f} with {n:,}" for n in SIZES))
+print("from 1,047 images down to 100, the mean falls by (points): "
+      + ", ".join(f"{name} {drop[name] * 100:.1f}" for name in MODELS))
 measured = "; ".join(f"{name} " + " / ".join(f"{mean[name, n]:.1%} [{min(runs[name, n]):.1%}-{max(runs[name, n]):.1%}]"
                                               for n in SIZES) for name in MODELS)
+losses = ", ".join(f"{key}: {value:.3f}" for key, value in end_loss.items())
 claim(all(min(runs["CNN", n]) > max(runs["ViT", n] + runs["Swin", n]) for n in SIZES),
       "at every size, each of the CNN's three runs beats every run of both Transformers", measured=measured)
-claim(lead[100] >= 0.07 and all(0.04 <= lead[n] <= 0.09 for n in SIZES[1:]) and abs(lead[300] - lead[N_ALL]) <= 0.03,
-      "the CNN's mean is at least 7 points above the better Transformer's with 100 images, 4 to 9 points above it "
-      "with 300 and with 1,047, and its lead at those two sizes differs by at most 3 points", measured=measured)
+claim(all(lead[n] >= 0.05 for n in SIZES),
+      "at every size, the CNN's mean is at least 5 points above the better Transformer's", measured=measured)
 claim(mean["CNN", N_ALL] >= 0.97, "with all 1,047 images the CNN averages at least 97%: close to the ceiling",
       measured=measured)
-claim(drop["Swin"] >= 0.15 and max(drop["CNN"], drop["ViT"]) <= 0.14,
-      "from 1,047 images down to 100, Swin's mean falls by at least 15 points, the CNN's and the ViT's by at most 14",
+claim(drop["Swin"] >= 0.14 and max(drop["CNN"], drop["ViT"]) <= 0.11,
+      "from 1,047 images down to 100, Swin's mean falls by at least 14 points, the CNN's and the ViT's by at most 11",
       measured=", ".join(f"{name} {d * 100:.1f}" for name, d in drop.items()))
 claim(mean["ViT", 100] - mean["Swin", 100] >= 0.04, "with 100 images the ViT's mean is at least 4 points above Swin's",
       measured=measured)
 claim(all(max(min(runs["ViT", n]), min(runs["Swin", n])) <= min(max(runs["ViT", n]), max(runs["Swin", n]))
           for n in SIZES[1:]),
       "with 300 and with 1,047 images, the ViT's range of runs and Swin's overlap", measured=measured)
-claim(max(worst_end_loss["CNN", n] for n in SIZES) < 0.02
-      and min(end_loss[name, N_ALL, seed] for name in ("ViT", "Swin") for seed in (0, 1, 2)) > 0.05,
-      "every CNN run ends with a training loss below 0.02; with 1,047 images, every ViT and Swin run ends above 0.05",
-      measured=", ".join(f"{key}: {value:.3f}" for key, value in end_loss.items()))
+claim(max(end_loss[key] for key in end_loss if key[1] == 100) < 0.15
+      and max(end_loss[name, 100, seed] for name in ("CNN", "Swin") for seed in SEEDS) < 0.02,
+      "with 100 images every run ends with a training loss below 0.15, every CNN and Swin run below 0.02: each model "
+      "all but fits its training images", measured=losses)
+claim(max(end_loss["Swin", 300, seed] for seed in SEEDS) < 0.06 and min(end_loss["ViT", 300, seed] for seed in SEEDS) > 0.15,
+      "with 300 images every Swin run ends below 0.06 and every ViT run above 0.15", measured=losses)
+claim(max(end_loss["CNN", N_ALL, seed] for seed in SEEDS) < 0.05
+      and min(end_loss[name, N_ALL, seed] for name in ("ViT", "Swin") for seed in SEEDS) > 0.15,
+      "with 1,047 images every CNN run ends below 0.05, every ViT and Swin run above 0.15", measured=losses)
 
 # %% [markdown]
 # The CNN wins, and not by the luck of one seed: at every size, each of its three runs beats every run of both
-# Transformers. Its mean is at least 7 points above the better Transformer's with 100 images, and 4 to 9 points
-# above it with 300 and with 1,047; its lead is about the same at 300 and at 1,047 (the two differ by at most 3
-# points).
+# Transformers, and its mean is at least 5 points above the better Transformer's. How much of that is the
+# convolution's knowledge of images, and how much the training budget? The end-of-training losses tell the two
+# apart, because a model that has all but fitted its training images has nothing left to learn from them: what it
+# gets wrong on the test set it gets wrong for lack of examples, not of steps.
 #
-# Two things limit what the largest size can show. A **ceiling**: 8x8 digits are easy, and with all 1,047 images
-# the CNN averages at least 97%, so it has little left to gain, however many more images it got. And the **step
-# budget**: every CNN run ends with a training loss below 0.02, while with 1,047 images every ViT and Swin run ends
-# above 0.05. The Transformers are still learning when the 200 steps run out, so at that size (and, the loss rows
-# suggest, at 300 too) the gap measures how fast the models learn as much as how much data they need. A longer budget would probably narrow it; this
-# experiment does not say by how much.
+# * **With 100 images** every model all but fits its training set (every run ends with a loss below 0.15, the CNN's
+#   and Swin's below 0.02). The gap here is about what each model makes of few examples, and it is the one result of
+#   the table that reads cleanly as the inductive-bias argument: a convolution knows in advance that nearby pixels
+#   matter and that a stroke is a stroke wherever it appears; a Transformer must learn both from the data.
+# * **With 300 images** Swin fits its training images too (every run below 0.06), and the CNN's lead over Swin is again a
+#   gap in what the models learn from the data. The ViT is still learning (every run above 0.15): its gap mixes a
+#   shortage of data with a shortage of steps.
+# * **With 1,047 images** both Transformers are still learning when the 150 steps run out (every ViT and Swin run
+#   ends above 0.15, every CNN run below 0.05), and the CNN meets a **ceiling**: 8x8 digits are easy, it averages at
+#   least 97%, and has little left to gain. Here the gap measures how fast the models learn as much as how much data
+#   they need. A longer budget would probably narrow it; this experiment does not say by how much.
 #
 # Among the Transformers, Swin pays the most for missing data: from 1,047 images down to 100 its mean falls by at
-# least 15 points, the CNN's and the ViT's by at most 14, and with 100 images the ViT's mean is at least 4 points
-# above Swin's. Swin's windows build some locality back in, yet at this tiny scale (a 4x4 map, windows of 2x2
-# tokens) that did not help it; why, this experiment cannot tell. One candidate it cannot rule out is Swin's
-# learning rate, chosen once for all sizes at the edge of the grid. With 300 and with 1,047 images the two
-# Transformers' ranges overlap: three runs each cannot rank them there.
+# least 14 points, the CNN's and the ViT's by at most 11, and with 100 images the ViT's mean is at least 4 points
+# above Swin's. Swin's windows build some locality back in, yet at this tiny scale they do little of it: the first
+# stage's 4x4 map is cut into four windows of 2x2 tokens, and the second stage's 2x2 map is a single window, never
+# shifted, so only one of the four blocks (the second of stage 1) shifts its windows. That locality did not help Swin
+# with 100 images; why, this experiment cannot tell. With 300 and with 1,047 images the two Transformers' ranges
+# overlap: three runs each cannot rank them there.
 #
-# This is the inductive-bias argument in miniature. A convolution knows in advance that nearby pixels matter and
-# that a stroke is a stroke wherever it appears. Here that knowledge is worth at least 7 points with 100 images and
-# at least 4 with 300 and 1,047; within this step budget the experiment does not show the gap closing as the data
-# grow. The other half of ViT's story, the crossover where enough data let a Transformer
-# overtake the convolutional networks, took ImageNet-21k's 14 million images to come close and JFT-300M's 303
-# million to get past (section 4). That is out of a notebook's reach, and this experiment does not show it.
+# So the experiment supports the inductive-bias argument where it can test it, with few images, and cannot follow
+# it further. The other half of ViT's story, the crossover where enough data let a Transformer overtake the
+# convolutional networks, took ImageNet-21k's 14 million images to come close and JFT-300M's 303 million to get past
+# (section 4). That is out of a notebook's reach, and this experiment does not show it.
 
 # %% [markdown]
 # ## Summary
@@ -1237,10 +1253,11 @@ claim(max(worst_end_loss["CNN", n] for n in SIZES) < 0.02
 #   with the bias and the mask, puts the windows back and rolls the map back. Swin-T has 28.3M parameters.
 # * **DaViT** alternates window attention between patches with attention between groups of channels: a global view
 #   whose cost grows linearly with the number of patches, not with its square.
-# * On 8x8 digits, under one protocol (a validation set to choose the learning rates, the same 200 steps for every
-#   model, three seeds), a small CNN beat a ViT and a Swin of about its size at every training-set size, each of its
-#   runs above every Transformer run. At the largest size the comparison meets a ceiling (the CNN averaging 97% or
-#   more) and the step budget (the Transformers still learning).
+# * On 8x8 digits, under one protocol (a validation set to choose the learning rates, the same 150 steps for every
+#   model, three seeds apart from the tuning), a small CNN beat a ViT and a Swin of about its size at every
+#   training-set size, each of its runs above every Transformer run. With 100 images, where every model all but
+#   fits its training set, that gap is the convolution's built-in knowledge at work; at the larger sizes the
+#   Transformers are still learning when the steps run out, so the gap there is partly a matter of speed.
 #
 # ## What's next
 #
