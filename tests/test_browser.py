@@ -212,7 +212,8 @@ def _status_bar(page) -> str:
 
 
 PROGRESS_BAR = f"{NOTEBOOK} .jp-OutputArea .widget-hprogress"
-LOOKS_STOPPED_FOR = 4  # polls (about a second each) in a row: a flicker between two cells is not a stop
+POLL = 0.5  # seconds between two looks at the page while Run All goes on
+LOOKS_STOPPED_FOR = 8  # polls (about four seconds) in a row: a flicker between two cells is not a stop
 
 
 def _wait_until_all_ran(page, n_code_cells: int, timeout: float) -> dict:
@@ -236,7 +237,7 @@ def _wait_until_all_ran(page, n_code_cells: int, timeout: float) -> dict:
         idle_polls = idle_polls + 1 if done and _kernel_idle(page) else 0
         if idle_polls >= 3:
             return seen
-        time.sleep(1)
+        time.sleep(POLL)
     pytest.fail(f"Run All did not finish in {timeout} s; prompts: {_code_prompts(page)}")
 
 
@@ -272,7 +273,7 @@ def _wait_for_output(page, index: int, pattern: str, timeout: float = 120) -> st
         text = _output_text(page, index)
         if re.search(pattern, text):
             return text
-        time.sleep(0.5)
+        time.sleep(0.25)
     pytest.fail(f"cell {index} never showed {pattern!r}; it shows:\n{_output_text(page, index)}")
 
 
@@ -311,7 +312,7 @@ def _run_all_and_fill_one_exercise(lab, browser, chapter, language=ENGLISH):
     _run_menu(page, "Run All Cells")
     seen = _wait_until_all_ran(page, len(code_cells), RUN_ALL_TIMEOUT)
     if chapter in TRAINS_WITH_PROGRESS_BARS:  # the training cell was watched running, bars moving
-        assert seen["busy with a progress bar"] >= 3, f"{chapter}: never saw a training cell run: {seen}"
+        assert seen["busy with a progress bar"] >= 6, f"{chapter}: never saw a training cell run: {seen}"
     page.screenshot(path=str(lab["shots"] / f"{chapter}-run-all.png"), full_page=False)
     _assert_no_instructor_tools_or_news(page)
 

@@ -2,7 +2,10 @@
 autograder/adversarial/build.py (built from the release of chapter 02), with an honest correct
 student graded first and an honest wrong student graded last. Each submission must get the
 score and the notes its case expects; the course must be unchanged afterwards, no process of
-the sandboxes may survive, and no feedback page may show a hidden test."""
+the sandboxes may survive, and no feedback page may show a hidden test.
+
+Three of its submissions are graded again on a Dask cluster, which must give exactly the grades
+the class got here, and nbgrader's own autograde must refuse to run on this course."""
 
 import csv
 import hashlib
@@ -10,6 +13,7 @@ import html
 import os
 import re
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -220,3 +224,49 @@ def test_isolation_is_named_and_checked(graded):
     if missing and isolation.detect().is_fallback:
         pytest.skip(f"not checked on this machine ({isolation.detect().mode} isolation): {missing}")
     assert not missing, missing
+
+
+DASK_STUDENTS = ["a_honest_correct", "import_reference", "zz_honest_wrong"]
+
+
+def _gradebook_rows(course, students) -> dict:
+    with Gradebook(course.db_url, "transformer-course") as gb:
+        out = {}
+        for student in students:
+            nb = gb.find_submission_notebook(CHAPTER, CHAPTER, student)
+            out[student] = ({g.name: g.score for g in nb.grades}, {c.name: c.comment for c in nb.comments})
+        return out
+
+
+def _csv_rows(path, key, students) -> list:
+    return sorted((r for r in csv.DictReader(open(path)) if r[key] in students), key=lambda r: r[key])
+
+
+def test_a_dask_cluster_grades_exactly_as_the_threads_did(graded, tmp_path):
+    """The same job function (autograder/jobs.py) runs in `make grade`'s threads (`--jobs N`) and on a
+    Dask cluster (`--scheduler ADDRESS`); a distributed.LocalCluster stands in for a department's
+    cluster. Three of this class's submissions (a right one, one that uses the reference, an honest
+    wrong one with re-runs) graded on it get exactly the scores, comments, notes, grades.csv rows
+    and feedback pages they got in this class's threads."""
+    distributed = pytest.importorskip("distributed")
+    other = scratch_course(tmp_path / "cluster", [CHAPTER])
+    for student in DASK_STUDENTS:
+        shutil.copytree(graded.course.submitted / student, other.submitted / student)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        report = course_cli.grade(other, cell_timeout=CELL_TIMEOUT, scheduler=cluster.scheduler_address)
+    assert "isolation: " in report.isolation
+    assert _gradebook_rows(other, DASK_STUDENTS) == _gradebook_rows(graded.course, DASK_STUDENTS)
+    for name, key in (("report.csv", "student"), ("grades.csv", "student_id")):
+        assert _csv_rows(other.root / "autograder" / name, key, DASK_STUDENTS) == \
+            _csv_rows(graded.course.root / "autograder" / name, key, DASK_STUDENTS), name
+    for student in DASK_STUDENTS:
+        page = f"{student}/{CHAPTER}/{CHAPTER}.html"
+        assert (other.feedback / page).read_text() == (graded.course.feedback / page).read_text(), page
+
+
+def test_autograde_outside_make_grade_refuses_to_run_unsandboxed(graded):
+    """Formgrader's autograde button (or `nbgrader autograde` by hand) would run the kernel without
+    the sandbox: with the course's configuration it refuses, and says to use `make grade`."""
+    proc = graded.course.nbgrader("autograde", CHAPTER, "--student", "a_honest_correct", "--force", check=False)
+    assert proc.returncode != 0
+    assert "make grade" in proc.stdout + proc.stderr

@@ -243,7 +243,7 @@ def test_every_chapters_kit_work_runs_in_parallel_without_error():
 def test_a_fault_preparing_one_chapter_costs_that_chapter_only(tmp_path, monkeypatch, capsys):
     """A grader fault while preparing chapter 01 leaves chapter 02 graded, notes the fault on every
     chapter-01 submission, still writes grades.csv and report.csv, and `make grade` exits 1 with a
-    one-line reason."""
+    one-line reason. Run as `make grade JOBS=1` runs it, through the command line, serially."""
     broken, fine = "01_static_to_contextual", "02_self_attention"
     course = scratch_course(tmp_path / "course", [broken, fine])
     for chapter in (broken, fine):
@@ -259,9 +259,11 @@ def test_a_fault_preparing_one_chapter_costs_that_chapter_only(tmp_path, monkeyp
         return real(course_, chapter, kits)
 
     monkeypatch.setattr(course_cli, "cached_kit", cached_kit)
-    status = course_cli.main(["--root", str(course.root), "grade", "--jobs", "2", "--cell-timeout", "30"])
-    err = capsys.readouterr().err
+    status = course_cli.main(["--root", str(course.root), "grade", "--jobs", "1", "--cell-timeout", "30"])
+    out, err = capsys.readouterr()
     assert status == 1
+    # `make grade JOBS=1` says which isolation it used and how it grades
+    assert "isolation: " in out and "grading 2 submissions with 1 parallel jobs" in out, out[-2000:]
     reason = [line for line in err.splitlines() if line.startswith("make grade: the grader failed")]
     assert len(reason) == 1 and broken in reason[0] and "a fault planted by the test" in reason[0], err[-2000:]
 
