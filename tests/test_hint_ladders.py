@@ -1,15 +1,27 @@
 """Hints that stop short, and exercises that ask for real work.
 
-DESIGN.md's rule: a ladder of at most three rungs (the idea; the plan in words and shapes, no
-code; one key expression), no hint with more than one line of the answer's code, and neither the
-task text nor the prose just above it listing the answer's statements in order.
+Every test here is fast: it reads the jupytext sources and the Chinese twins (no notebook is
+executed; `tests/test_release.py` keeps the executed notebooks in sync with the sources), so
+`make test-fast` runs them all.
 
-"A line of the answer" is compared after normalising names and spacing: every statement of the
-solution region is parsed, the names it binds or reads locally become `_`, and it is printed back
-by `ast.unparse`; the code a hint or the prose shows (`<code>` and backtick fragments, fenced
-blocks) goes through the same treatment. So renaming `scores` to `s` in a hint does not hide a
-copied line, and spacing never matters. The tests read the jupytext sources, so they run without
-executing a notebook; `tests/test_release.py` keeps the executed notebooks in sync with them.
+The rule (README, "Conventions every chapter follows"): a ladder of at most three rungs, "Hint 1 —
+the idea", "Hint 2 — the plan" (words and shapes, no code, not the answer's calls in the order it
+makes them) and "Hint 3 — the key step" (a smaller analogous example on other tensors, the one API
+page to read, or the question that unlocks the step: never the answer's expression).
+
+Two checks keep hints from holding the answer:
+
+* *Tokens* (`test_no_hint_holds_eight_tokens_of_the_answer`, both editions): the answer's code
+  (the `### BEGIN SOLUTION` regions, comments and docstrings removed) is split by Python's
+  `tokenize`, a hint's text (tags stripped, entities unescaped) by a regex that splits code the same
+  way (identifiers, numbers, string literals, operators; prose words become identifiers, other
+  characters separate); no hint may hold a run of `MAX_RUN + 1` = 8 consecutive tokens of the answer.
+  Spacing, line breaks and markup never matter; renaming does (see the next check).
+* *Lines* (`test_no_hint_holds_more_than_one_line_of_the_answer`): a line of the answer is compared
+  after normalising names and spacing: every statement of the solution region is parsed, the names
+  it binds or reads locally become `_`, and it is printed back by `ast.unparse`; the code a hint or
+  the prose shows (`<code>` and backtick fragments, fenced blocks) goes through the same treatment,
+  so renaming `scores` to `s` does not hide a copied line. All hints together hold at most one.
 """
 
 from __future__ import annotations
@@ -17,16 +29,23 @@ from __future__ import annotations
 import ast
 import builtins
 import html
+import io
 import re
 import textwrap
+import tokenize
+import tomllib
 from functools import lru_cache
 
 import jupytext
 import pytest
 
-from course_files import CHAPTERS, ROOT, is_solution_cell, is_test_cell, nbgrader_meta
+from course_files import CHAPTERS, ROOT, is_solution_cell, is_test_cell, nbgrader_meta, notebook_builder
 
-RUNGS = ["Hint 1 — the idea", "Hint 2 — the plan", "Hint 3 — one key expression"]
+RUNGS = ["Hint 1 — the idea", "Hint 2 — the plan", "Hint 3 — the key step"]
+RUNGS_ZH = ["提示 1：思路", "提示 2：步骤", "提示 3：关键一步"]
+EDITIONS = ["en", "zh"]
+# The longest run of the answer's consecutive tokens a hint may hold.
+MAX_RUN = 7
 # Names that mean the same thing in every answer, kept when normalising; every other name is
 # a local or a course helper and becomes `_`.
 KEPT_NAMES = {"torch", "F", "nn", "math", "np", "itertools", "collections"} | set(dir(builtins))
@@ -40,6 +59,22 @@ MINUTES = re.compile(r"\*\*Difficulty\*\*[^\n]*?about (\d+) minutes")
 @lru_cache(maxsize=None)
 def source_notebook(chapter: str):
     return jupytext.read(ROOT / "solutions" / chapter / f"{chapter}.py")
+
+
+@lru_cache(maxsize=None)
+def edition_notebook(chapter: str, edition: str):
+    """The chapter's source notebook in one edition: for "zh", every markdown cell that has a Chinese
+    twin (`NN_name.zh.toml`, keyed by the cell's id) shows the twin (tests/test_translations.py
+    checks that every cell has one)."""
+    nb = notebook_builder.read_source(chapter)
+    if edition == "zh":
+        path = ROOT / "solutions" / chapter / f"{chapter}.zh.toml"
+        entries = tomllib.loads(path.read_text(encoding="utf-8")).get("cell", []) if path.exists() else []
+        twins = {t["id"]: t["zh"].strip("\n") for t in entries}
+        for cell in nb.cells:
+            if cell.cell_type == "markdown" and cell.id in twins:
+                cell.source = twins[cell.id]
+    return nb
 
 
 class _Anonymise(ast.NodeTransformer):
@@ -128,9 +163,9 @@ def is_code(fragment: str) -> bool:
     return any(isinstance(node, computing) for node in ast.walk(tree))
 
 
-def exercises(chapter: str):
+def exercises(chapter: str, edition: str = "en"):
     """(grade_id, hint blocks, the task's prose, the solution cell's source) for every exercise."""
-    nb = source_notebook(chapter)
+    nb = source_notebook(chapter) if edition == "en" else edition_notebook(chapter, edition)
     for index, cell in enumerate(nb.cells):
         if not is_solution_cell(cell):
             continue
@@ -151,14 +186,20 @@ def _report(problems: list[str]) -> None:
     assert not problems, f"{len(problems)} problem(s):\n" + "\n".join(problems)
 
 
+def _titles(hints: list[str]) -> list[str]:
+    return [html.unescape(re.sub(r"<[^>]+>", "", re.search(r"<summary>(.*?)</summary>", h, re.S).group(1))).strip()
+            for h in hints]
+
+
+@pytest.mark.parametrize("edition", EDITIONS)
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_hint_ladders_have_the_three_rungs_in_order(chapter):
+def test_hint_ladders_have_the_three_rungs_in_order(chapter, edition):
+    rungs = RUNGS if edition == "en" else RUNGS_ZH
     problems = []
-    for grade_id, hints, _, _ in exercises(chapter):
-        titles = [html.unescape(re.sub(r"<[^>]+>", "", re.search(r"<summary>(.*?)</summary>", h, re.S).group(1))).strip()
-                  for h in hints]
-        if not (2 <= len(titles) <= 3 and titles == RUNGS[:len(titles)]):
-            problems.append(f"{chapter}/{grade_id}: hints must be {RUNGS} (two or three rungs, in order), "
+    for grade_id, hints, _, _ in exercises(chapter, edition):
+        titles = _titles(hints)
+        if not (2 <= len(titles) <= 3 and titles == rungs[:len(titles)]):
+            problems.append(f"{chapter}/{grade_id} ({edition}): hints must be {rungs} (two or three rungs, in order), "
                             f"found {titles}")
     _report(problems)
 
@@ -181,10 +222,6 @@ def test_no_hint_holds_more_than_one_line_of_the_answer(chapter):
         given = copied(answer_statements(solution_source), shown_statements("\n".join(hints)))
         if len(given) > 1:
             problems.append(f"{chapter}/{grade_id}: the hints give {len(given)} lines of the answer: {given}")
-        if len(hints) == 3:
-            code = [f for f in code_fragments(hints[2]) if is_code(f)]
-            if len(code) > 1:
-                problems.append(f"{chapter}/{grade_id}: the last rung is one key expression, it shows {code}")
     _report(problems)
 
 
@@ -196,6 +233,80 @@ def test_the_task_does_not_list_the_answer(chapter):
         if len(given) > 1:
             problems.append(f"{chapter}/{grade_id}: the task's text shows {len(given)} lines of the answer: {given}")
     _report(problems)
+
+
+# ------------------------------------------------------------------------- no run of 8 tokens of the answer
+
+# Drop what is not code a learner would copy: layout, comments and the end marker.
+_LAYOUT = {tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER, tokenize.COMMENT}
+# Prose split the way `tokenize` splits code: string literals (a quote after a letter is an
+# apostrophe, not a string), identifiers (ASCII: Chinese characters around inline code separate
+# tokens, as spaces do), numbers, operators longest first. Every other character separates.
+_HINT_TOKEN = re.compile(r"""
+    (?<![A-Za-z0-9_])[rRbBfFuU]{0,2}(?:"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')
+  | [A-Za-z_][A-Za-z0-9_]*
+  | (?:\d[\d_]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?[jJ]?
+  | \*\*=|//=|>>=|<<=|\.\.\.|->|:=|==|!=|<=|>=|\*\*|//|<<|>>|[-+*/%&|^@]=
+  | [-+*/%@&|^~<>=.,:;()\[\]{}]
+""", re.X)
+
+
+def answer_tokens(solution_source: str) -> list[list[str]]:
+    """The tokens of each solution region of an answer cell, comments and docstrings removed."""
+    out = []
+    for region in _regions(solution_source):
+        code = textwrap.dedent(region)
+        docstrings = set()
+        for node in ast.walk(ast.parse(code)):
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                docstrings |= set(range(node.lineno, node.end_lineno + 1))
+        out.append([t.string for t in tokenize.generate_tokens(io.StringIO(code).readline)
+                    if t.type not in _LAYOUT and not (t.type == tokenize.STRING and t.start[0] in docstrings)])
+    return out
+
+
+def hint_tokens(hint: str) -> list[str]:
+    """The tokens of a hint's text: its title dropped, tags stripped, entities unescaped."""
+    text = re.sub(r"<summary>.*?</summary>", " ", hint, flags=re.S)
+    text = html.unescape(re.sub(r"</?[A-Za-z][^>]*>", " ", text))
+    return _HINT_TOKEN.findall(text)
+
+
+def longest_shared_run(hint: list[str], answers: list[list[str]]) -> list[str]:
+    """The longest run of consecutive tokens of `hint` that is also a run of one of `answers`."""
+    best: list[str] = []
+    for answer in answers:
+        where: dict[str, list[int]] = {}
+        for j, token in enumerate(answer):
+            where.setdefault(token, []).append(j)
+        previous: dict[int, int] = {}  # answer position -> length of the run ending there
+        for i, token in enumerate(hint):
+            current = {j: previous.get(j - 1, 0) + 1 for j in where.get(token, [])}
+            for length in current.values():
+                if length > len(best):
+                    best = hint[i - length + 1:i + 1]
+            previous = current
+    return best
+
+
+def token_problems(chapter: str, edition: str, found) -> list[str]:
+    """`chapter/exercise (rung, edition): tokens` for every hint that holds 8 tokens of its answer in a row."""
+    problems = []
+    for grade_id, hints, _, solution_source in found:
+        answers = answer_tokens(solution_source)
+        for rung, hint in enumerate(hints, start=1):
+            run = longest_shared_run(hint_tokens(hint), answers)
+            if len(run) > MAX_RUN:
+                problems.append(f"{chapter}/{grade_id} (rung {rung}, {edition}): {len(run)} tokens of the answer: "
+                                f"{' '.join(run)}")
+    return problems
+
+
+@pytest.mark.parametrize("edition", EDITIONS)
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_no_hint_holds_eight_tokens_of_the_answer(chapter, edition):
+    _report(token_problems(chapter, edition, exercises(chapter, edition)))
+
 
 
 # ------------------------------------------------------------------------- the checker proves it can fail
@@ -213,6 +324,49 @@ def test_a_renamed_copy_of_a_line_is_still_a_copy():
     statements = answer_statements(SOLUTION)
     hint = "<code>scores = x[:, :-1]</code> and <code>y = t[:,1:]</code>"
     assert len(copied(statements, shown_statements(hint))) == 2
+
+
+def _a_real_answer_line():
+    """The longest line (in tokens) of a real exercise's answer, and that exercise."""
+    chapter = "01_static_to_contextual"
+    grade_id, _, _, source = next(e for e in exercises(chapter) if e[0] == "cooccurrence_counts")
+    lines = [line.split("#")[0].strip() for region in _regions(source) for line in region.splitlines()]
+    return chapter, grade_id, source, max(lines, key=lambda line: len(hint_tokens(line)))
+
+
+def _ladder(last: str) -> list[str]:
+    return [f"<details><summary>{RUNGS[0]}</summary>Count every pair.</details>",
+            f"<details><summary>{RUNGS[1]}</summary>A <code>[V, V]</code> matrix of zeros.</details>",
+            f"<details><summary>{RUNGS[2]}</summary>{last}</details>"]
+
+
+def test_a_hint_that_is_the_answers_line_is_rejected():
+    chapter, grade_id, source, line = _a_real_answer_line()
+    assert len(hint_tokens(line)) > MAX_RUN, line
+    problems = token_problems(chapter, "en", [(grade_id, _ladder(f"Use <code>{html.escape(line)}</code>."), "", source)])
+    assert len(problems) == 1 and problems[0].startswith(f"{chapter}/{grade_id} (rung 3, en): "), problems
+    assert " ".join(hint_tokens(line)) in problems[0]
+
+
+def test_a_reflowed_copy_in_chinese_prose_is_rejected():
+    """Spaces, line breaks, markup, entities and Chinese around the code do not hide a copy."""
+    chapter, grade_id, source, line = _a_real_answer_line()
+    tokens = hint_tokens(line)
+    reflowed = "".join(f"<code>{html.escape(t)}</code>" + ("\n" if k % 3 == 2 else "  ") for k, t in enumerate(tokens))
+    problems = token_problems(chapter, "zh", [(grade_id, _ladder(f"先写{reflowed}，再看结果。"), "", source)])
+    assert len(problems) == 1 and problems[0].startswith(f"{chapter}/{grade_id} (rung 3, zh): "), problems
+
+
+def test_an_analogous_example_and_an_api_page_pass():
+    chapter, grade_id, source, _ = _a_real_answer_line()
+    fine = ("On a toy: <code>torch.zeros(2, 3).index_put_((torch.tensor([0, 0]), torch.tensor([1, 1])), "
+            "torch.tensor([1., 1.]), accumulate=True)</code> holds a 2 at [0, 1]. Read torch.Tensor.index_put_.")
+    assert token_problems(chapter, "en", [(grade_id, _ladder(fine), "", source)]) == []
+    # docstrings and comments are not the answer's code
+    assert answer_tokens('def f(x):\n    ### BEGIN SOLUTION\n    """Doc."""\n    return x  # c\n    ### END SOLUTION\n') \
+        == [["return", "x"]]
+    assert hint_tokens("the model's <code>x.sum(dim=-1)</code> isn't 'mean'") == \
+        ["the", "model", "s", "x", ".", "sum", "(", "dim", "=", "-", "1", ")", "isn", "t", "'mean'"]
 
 
 def test_words_shapes_and_one_expression_pass():
