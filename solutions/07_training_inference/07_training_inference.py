@@ -241,13 +241,16 @@ for temperature in [1.0, 0.5, 2.0]:
 #
 # <details><summary>Hint 1 — the idea</summary>Find the <code>k</code> largest values of each row and where they are,
 # then build a row of <code>-inf</code> and put those values back in their places.</details>
-# <details><summary>Hint 2 — the plan</summary>Three tensors. The <code>k</code> largest values of each row and their
-# indices, each <code>[..., k]</code> (PyTorch's <code>topk</code> over the last dimension gives both). A canvas of
-# <code>-inf</code> with the shape and dtype of <code>logits</code>, <code>[..., vocab]</code>. The canvas with the values
-# written back at their indices along the last dimension (that is what <code>scatter</code> does). A threshold at the
-# k-th value would keep too many entries when several logits tie with it.</details>
-# <details><summary>Hint 3 — one key expression</summary>The values and their indices:
-# <code>logits.topk(k, dim=-1)</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>Three tensors. The <code>k</code> largest values of each row and
+# their positions, each <code>[..., k]</code>: one call over the last dimension returns both. A canvas of
+# <code>-inf</code> with the shape and dtype of <code>logits</code>, <code>[..., vocab]</code>. The canvas with the
+# values written back at their positions along the last dimension. A threshold at the k-th value would keep too many
+# entries when several logits tie with it.</details>
+# <details><summary>Hint 3 — the key step</summary>The page to read is <code>torch.Tensor.scatter</code>: it writes
+# values into a tensor at the indices you give, along one dimension. A smaller example on other tensors:
+# <code>torch.zeros(5).scatter(0, torch.tensor([3, 0]), torch.tensor([7.0, 9.0]))</code> is
+# <code>[9, 0, 0, 7, 0]</code>. Your canvas, your indices and your values all have a last dimension: which
+# <code>dim</code> do you scatter along?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "top_k_filter", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -391,8 +394,11 @@ print("newest position, cached vs whole prefix: equal up to rounding:",
 # finished get <code>eos_id</code> instead; the result becomes a new column, <code>[batch, t + 1]</code>; then the
 # <code>finished</code> flags take in this step's <code>eos_id</code>s, and the loop ends when every row is
 # finished.</details>
-# <details><summary>Hint 3 — one key expression</summary>The finished rows write <code>eos_id</code>, whatever the
-# model wants: <code>next_token.masked_fill(finished, eos_id)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks the step: a row that finished at an
+# earlier step, what must it write now, whatever the model prefers? The page to read is
+# <code>torch.Tensor.masked_fill</code>. On other tensors:
+# <code>torch.tensor([4, 5, 6]).masked_fill(torch.tensor([False, True, False]), 0)</code> is
+# <code>[4, 0, 6]</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "greedy_decode", "locked": false, "schema_version": 3, "solution": true, "task": false}
 @torch.no_grad()
@@ -517,8 +523,11 @@ plt.show()
 # writes one value per row, at an index taken from <code>target</code> given a trailing size-1 axis. The
 # <code>pad_id</code> column is set to 0 at every position. Last, every row whose target is <code>pad_id</code> is set
 # to zeros: a boolean index, True where <code>target</code> equals <code>pad_id</code>, selects those rows.</details>
-# <details><summary>Hint 3 — one key expression</summary>The target's column:
-# <code>q.scatter_(-1, target.unsqueeze(-1), 1.0 - smoothing)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The target's column is a scatter along the last dimension, with
+# one index per row. A smaller example: in a <code>[2, 4]</code> tensor of zeros, put 5 at column 1 of row 0 and at
+# column 3 of row 1: <code>torch.zeros(2, 4).scatter_(1, torch.tensor([[1], [3]]), 5.0)</code>. Its index is
+# <code>[2, 1]</code>, one column per row: what shape must your index have, when <code>target</code> is
+# <code>[...]</code> and <code>q</code> is <code>[..., V]</code>?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "label_smoothed_targets", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def label_smoothed_targets(target: torch.Tensor, vocab_size: int, smoothing: float, pad_id: int) -> torch.Tensor:
@@ -576,8 +585,10 @@ label_smoothed_targets_impl = yours_or_reference(label_smoothed_targets, check_l
 # product, summed over the vocabulary, with a minus sign, is <code>[...]</code>: one $H$ per position, 0 where the
 # target is <code>&lt;pad&gt;</code>. What remains is a sum over all those positions and one division, by the number of
 # target entries that are not <code>pad_id</code>.</details>
-# <details><summary>Hint 3 — one key expression</summary>One $H$ per position:
-# <code>-(q * log_probs).sum(dim=-1)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks the step: in the worked example, what
+# is $H$ at the padded position, and what would $\mathcal{L}$ be if you divided the sum by the number of positions
+# (2) instead of the number of real tokens (1)? The count is a sum too: the page to read is
+# <code>torch.Tensor.sum</code>, which counts the True entries of a boolean tensor.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "label_smoothed_loss", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def label_smoothed_loss(log_probs: torch.Tensor, target: torch.Tensor, smoothing: float, pad_id: int) -> torch.Tensor:
@@ -684,11 +695,13 @@ print(f"the loss of a model that predicts q exactly: "
 # <details><summary>Hint 1 — the idea</summary>Glue a column of <code>bos_id</code> in front of the target and drop
 # the target's last column, so that the length stays <code>T</code>.</details>
 # <details><summary>Hint 2 — the plan</summary>A <code>[batch, 1]</code> column of <code>bos_id</code> with the
-# dtype of <code>tgt</code> (<code>torch.full_like</code> on a one-column slice of <code>tgt</code> makes one), and the
-# first <code>T - 1</code> columns of <code>tgt</code>, <code>[batch, T - 1]</code>, joined along the second dimension:
-# <code>[batch, T]</code>. The target is <code>tgt</code> itself.</details>
-# <details><summary>Hint 3 — one key expression</summary>The shifted input:
-# <code>torch.cat([bos_column, tgt[:, :-1]], dim=1)</code>.</details>
+# dtype (and device) of <code>tgt</code>, and the first <code>T - 1</code> columns of <code>tgt</code>,
+# <code>[batch, T - 1]</code>, joined along the second dimension: <code>[batch, T]</code>. The target is
+# <code>tgt</code> itself.</details>
+# <details><summary>Hint 3 — the key step</summary>Try the slicing on another tensor first: with
+# <code>x = torch.arange(10).view(2, 5)</code>, which slice keeps the first four columns of both rows, and which
+# slice is a one-column <code>[2, 1]</code> piece of <code>x</code> that you could fill with another value? The page
+# for joining tensors along a dimension is <code>torch.cat</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "teacher_forcing_inputs", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def teacher_forcing_inputs(tgt: torch.Tensor, bos_id: int):
@@ -767,7 +780,10 @@ print("decoder input", list(batch.decoder_input.shape), " target", list(batch.ta
 # falling curve is the step to the power −0.5. The rising line is the step times a constant slope, and it must meet
 # the curve where the step equals <code>warmup</code>: that fixes the slope. Python's built-in <code>min</code> takes
 # the smaller of two floats, and $d_{model}^{-0.5}$ multiplies the result.</details>
-# <details><summary>Hint 3 — one key expression</summary>The rising line: <code>step * warmup ** -1.5</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks the slope: the rising line is
+# $a \cdot \mathrm{step}$, and it must equal the falling curve $\mathrm{step}^{-0.5}$ at
+# $\mathrm{step} = \mathrm{warmup}$; solve $a \cdot \mathrm{warmup} = \mathrm{warmup}^{-0.5}$ for $a$. Check
+# yourself on small numbers: with warmup 4, at step 4 both terms are 1/2.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "noam_learning_rate", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def noam_learning_rate(step: int, d_model: int, warmup: int) -> float:
@@ -868,8 +884,10 @@ print(f"paper's peak: {noam_learning_rate_impl(4000, 512, 4000) * 1e4:.2f} x 10^
 # phase: the backward pass makes the gradients and the optimizer uses them, so whatever changes them sits in between;
 # the scheduler comes last, since it prepares the next step. Return the loss as a Python number, not as a
 # tensor.</details>
-# <details><summary>Hint 3 — one key expression</summary>The clipping:
-# <code>torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks the order: clipping rescales the
+# gradients, so it must come after they exist and before anything reads them. Between which two of the six things
+# does that put it? The page to read is <code>torch.nn.utils.clip_grad_norm_</code>, which takes the parameters and
+# the largest norm allowed, and rescales their gradients in place.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "train_step", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def train_step(model, batch, loss_fn, optimizer, scheduler, max_norm: float) -> float:
@@ -1303,8 +1321,10 @@ claim(on_weekday.sum(1).max() >= 0.2 and on_weekday.max() < 0.5, "some output ch
 # lengths of the hypotheses that were still live grow by one, and the flags take in the new
 # <code>eos_id</code>s. After the loop: penalised scores, their argmax in each sentence, and those rows of the
 # tokens.</details>
-# <details><summary>Hint 3 — one key expression</summary>The best candidates of every sentence, over all its beams
-# at once: <code>candidates.view(batch, beam_size * vocab).topk(beam_size, dim=-1)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>A smaller example of the flat top-k: one sentence, two beams,
+# <code>V = 2</code>, candidate scores <code>c = torch.tensor([[[1, 5], [4, 2]]])</code>. Seen as one row
+# <code>[1, 5, 4, 2]</code>, its two best are 5 and 4, at flat positions 1 and 2. Which beam and which token does
+# each of those positions stand for, and how do you get both from the position and <code>V</code>?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "beam_search", "locked": false, "schema_version": 3, "solution": true, "task": false}
 @torch.no_grad()
