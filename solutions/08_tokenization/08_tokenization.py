@@ -132,7 +132,10 @@ print("the held-out text starts:", repr(val_text[:160]))
 #
 # <details><summary>Hint 1 — the idea</summary>Every occurrence counts: an unknown word costs one unknown token each time it appears. The rate is the number of unknown occurrences over the number of occurrences.</details>
 # <details><summary>Hint 2 — the plan</summary>One pass over <code>words</code> in their order, counting those the vocabulary lacks. Divide that count by the number of running words, the length of <code>words</code>: not the size of <code>vocab</code>, and not the number of distinct words. The result is a float between 0 and 1.</details>
-# <details><summary>Hint 3 — one key expression</summary>The test for one word: <code>word not in vocab</code>, which is True (counts as 1) for an unknown word.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks the step: in the worked example, how
+# many of the six running words are missing from the vocabulary, and what do you divide by? The page to read is
+# Python's built-in <code>sum</code>: it adds up True as 1, so it can count the words a generator expression
+# keeps.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "oov_rate", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def oov_rate(vocab, words) -> float:
@@ -290,7 +293,10 @@ plt.show()
 #
 # <details><summary>Hint 1 — the idea</summary>Look at each word on its own: a word of n symbols holds n − 1 neighbouring pairs, at positions (0, 1), (1, 2), and so on. A word that occurs 5 times contributes each of its pairs 5 times. Never pair the last symbol of one word with the first symbol of the next.</details>
 # <details><summary>Hint 2 — the plan</summary>A counter in which every pair starts at 0. An outer loop over the words together with their counts; an inner loop over the neighbouring pairs of one word, which you get by walking the word side by side with itself shifted by one symbol. Each pair found adds the word's count, not 1, under the key (a, b), a tuple.</details>
-# <details><summary>Hint 3 — one key expression</summary>The neighbouring pairs of one word: <code>zip(word, word[1:])</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>A smaller example on a list of numbers: the neighbouring pairs of
+# <code>[1, 2, 3, 4]</code> are (1, 2), (2, 3), (3, 4). Which two sequences, walked side by side, give exactly those
+# pairs? The page to read is Python's built-in <code>zip</code>, and what it does when one sequence is shorter than
+# the other.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "pair_counts", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def pair_counts(word_counts: dict) -> dict:
@@ -339,7 +345,10 @@ print(sorted(pair_counts_impl(toy_table).items(), key=lambda item: -item[1])[:6]
 #
 # <details><summary>Hint 1 — the idea</summary>Walk along the word with an index. Where the symbol at the index and the next one are the pair's two halves, emit the merged symbol and jump over both; otherwise emit the symbol as it is and step by one. Jumping over both is what keeps two matches from sharing a symbol.</details>
 # <details><summary>Hint 2 — the plan</summary>A <code>while</code> loop over the index that builds a new list. Before comparing, make sure there is a next symbol (the index is not the last one); then compare whole symbols with the two halves, never substrings of a joined text. The index moves on by 2 after a match and by 1 otherwise. Turn the list into a tuple at the end.</details>
-# <details><summary>Hint 3 — one key expression</summary>The test for a match at index <code>i</code>: <code>i + 1 &lt; len(symbols) and symbols[i] == first and symbols[i + 1] == second</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks the step: at index <code>i</code>, what
+# must be true before you may look at the next symbol at all? And what do you compare with the pair's halves, whole
+# symbols or characters? Try the test on <code>("h", "ab", "c")</code> with the pair <code>("b", "c")</code>: it
+# must answer no at every index, the last one included.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "merge_pair", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def merge_pair(symbols: tuple, pair: tuple) -> tuple:
@@ -402,7 +411,11 @@ merge_pair_impl = yours_or_reference(merge_pair, check_merge_pair)
 #
 # <details><summary>Hint 1 — the idea</summary>Keep two things up to date: the current word table (each word a tuple of symbols, with its count) and an id for every symbol. Each turn of the loop: count the pairs of the current table, pick the winner, record it, give its new symbol an id, rewrite every word. Recount at every turn, because each merge changes the pairs.</details>
 # <details><summary>Hint 2 — the plan</summary>Before the loop: spell every word as a tuple of characters, and number the distinct characters 0, 1, 2, … in sorted order. Then at most <code>n_merges</code> turns. Stop early when the table has no pair left. The winner has the largest count, and among equal counts the smallest id of its first symbol, then of its second. Its new symbol (the two halves joined) takes the next free id, unless it already has one. The new table maps each word, rewritten by <code>merge_pair_impl</code>, to the same count.</details>
-# <details><summary>Hint 3 — one key expression</summary>The winner, as one <code>max</code> with a key that ranks by count, then by smaller ids: <code>max(pairs, key=lambda p: (pairs[p], -ids[p[0]], -ids[p[1]]))</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>A smaller ranking of the same kind: among the counts
+# <code>{"x": 3, "y": 3, "z": 1}</code>, with ranks <code>{"x": 1, "y": 0, "z": 2}</code>, which key makes
+# <code>max</code> pick <code>"y"</code>, the largest count with the smallest rank? The page to read is Python's
+# built-in <code>max</code> and its <code>key</code> argument: a tuple key is compared item by item, and a minus
+# sign turns "smallest" into "largest".</details>
 
 # %% nbgrader={"grade": false, "grade_id": "train_bpe", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def train_bpe(word_counts: dict, n_merges: int) -> list:
@@ -491,7 +504,10 @@ for k in list(range(8)) + [99, 199]:
 #
 # <details><summary>Hint 1 — the idea</summary>The merges are a recipe to follow in order. Start from the word's characters; apply the first merge everywhere in the word, then the second, and so on to the last. Do not search the vocabulary for the longest piece that fits: that is WordPiece's rule (exercise 6), and it gives other tokens.</details>
 # <details><summary>Hint 2 — the plan</summary>The symbols start as a tuple of one-character strings. One loop over <code>merges</code>, in their order; each turn replaces the symbols by what your <code>merge_pair_impl</code> makes of them and the current pair. Return the symbols as a list of strings.</details>
-# <details><summary>Hint 3 — one key expression</summary>One turn of the loop: <code>merge_pair_impl(symbols, pair)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks the step: with the merges
+# <code>[("b", "c"), ("a", "b")]</code> and the word <code>"abc"</code>, what are the symbols after the first turn
+# of the loop, and after the second? The second merge must see what the first one made, not the original
+# characters.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "encode_word", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def encode_word(word: str, merges: list) -> list:
@@ -603,7 +619,10 @@ print("decoded text == original:", "".join(val_tokens) == val_text)
 #
 # <details><summary>Hint 1 — the idea</summary>Keep two positions: where the current piece starts and where it ends. For a given start, try the longest candidate first, the whole rest of the word, and shorten it one character at a time from the right until the vocabulary has it (looked up with the prefix, unless the start is the beginning of the word). The next piece starts where this one ended. If even the one-character candidate is missing, the word is unknown as a whole.</details>
 # <details><summary>Hint 2 — the plan</summary>First compare the word's length with <code>max_chars</code>. Then an outer loop while the start is inside the word, and an inner loop that moves the end from the length of the word down to one past the start. For each end, build the candidate: the characters from start to end, with <code>prefix</code> in front unless the start is 0. The first candidate found in <code>vocab</code> is the piece: append it and move the start to its end. If the inner loop finishes without a match, return a list holding only <code>unk</code> (a <code>for</code> loop's <code>else</code> branch runs exactly then; a flag that stays None works too).</details>
-# <details><summary>Hint 3 — one key expression</summary>The candidate for one start and end: <code>word[start:end] if start == 0 else prefix + word[start:end]</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks the step: in the worked example
+# <code>unhashable</code>, which candidates does the inner loop try for the piece that starts at position 2, in
+# which order, and which one does the vocabulary hold? The page to read is the Python tutorial's section on
+# <code>break</code> and the <code>else</code> clause of loops.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "wordpiece_encode", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def wordpiece_encode(word: str, vocab, unk: str = "[UNK]", prefix: str = "##", max_chars: int = 100) -> list:
@@ -913,8 +932,14 @@ print(f"attention cost divided by {chars_per_token[4000] ** 2:.1f} from characte
 # `embedding_lookup(torch.tensor([2, 0]), table)` is `[[6., 7., 8.], [0., 1., 2.]]`: rows 2 and 0.
 #
 # <details><summary>Hint 1 — the idea</summary>Build the one-hot matrix of the ids: one row per id, one column per token of the vocabulary, a single 1 per row. A row with its 1 in column i, times the table, is row i of the table.</details>
-# <details><summary>Hint 2 — the plan</summary>PyTorch's <code>F.one_hot</code> makes the one-hot matrix, shape <code>[..., vocab]</code>, as int64. Give it the vocabulary size, the number of rows of the table (not the largest id + 1, which may be smaller). Convert it to the table's dtype, then a matrix product with the table gives <code>[..., d_model]</code>.</details>
-# <details><summary>Hint 3 — one key expression</summary>The one-hot rows: <code>F.one_hot(ids, table.shape[0]).to(table.dtype)</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>The one-hot matrix has shape <code>[..., vocab]</code>: one row per
+# id, as many columns as the table has rows (not the largest id + 1, which may be smaller). Built from integer ids
+# it comes out as integers, and a matrix product needs both sides in the table's dtype. Then the product with the
+# table, <code>[vocab, d_model]</code>, gives <code>[..., d_model]</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The page to read is <code>torch.nn.functional.one_hot</code>: its
+# second argument, and the dtype it returns. A smaller example on other numbers: the one-hot rows of the ids
+# <code>[1, 0]</code> over 3 classes are <code>[[0, 1, 0], [1, 0, 0]]</code>; times the column
+# <code>[[10], [20], [30]]</code> they give <code>[[20], [10]]</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "embedding_lookup", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def embedding_lookup(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
