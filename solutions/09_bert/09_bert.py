@@ -273,8 +273,10 @@ del model
 # list, until both fit in the room together. Then three Python lists of the same length, side by side: the ids,
 # the segments (0 up to and including A's <code>[SEP]</code>, 1 after it) and the mask (True); extend each with its
 # padding value up to <code>max_len</code>. A list of Python bools becomes a BoolTensor.</details>
-# <details><summary>Hint 3 — one key expression</summary>The body of the truncation loop:
-# <code>(a if len(a) > len(b) else b).pop()</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks the truncation: in the worked example
+# with <code>max_len=7</code>, the room is 4 and the pair holds 5 tokens; which token goes? With
+# <code>max_len=6</code> one more must go, and the two lists are tied at 2: which one? The page to read is Python's
+# <code>list.pop</code>, which removes the last item in place.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "build_pair_inputs", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def build_pair_inputs(tokens_a, tokens_b, max_len, cls_id, sep_id, pad_id):
@@ -410,8 +412,10 @@ claim(closeness_to_token(as_initialised) < 0.8 and closeness_to_token(token_time
 # <details><summary>Hint 2 — the plan</summary>Three terms: the token rows <code>[batch, seq, d_model]</code>, the
 # segment rows <code>[batch, seq, d_model]</code>, and the first <code>seq</code> rows of the position table,
 # <code>[seq, d_model]</code>, which broadcast over the batch. Add them: no loop.</details>
-# <details><summary>Hint 3 — one key expression</summary>The positions' term:
-# <code>position_table[:ids.shape[1]]</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks the positions' term: the position table
+# has <code>max_len</code> rows, and this batch has only <code>seq</code> positions. Which rows belong to it, and
+# what shape must that term have to add to <code>[batch, seq, d_model]</code>? The page to read is PyTorch's
+# broadcasting semantics.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "embedding_sum", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def embedding_sum(ids, segment_ids, token_table, segment_table, position_table):
@@ -505,8 +509,9 @@ for sentence in documents[1]:
 # <code>i</code> of A; the coin picks the branch; IsNext takes the sentence at <code>i + 1</code> of the same
 # document; NotNext draws the other document among every document but A's (one fewer than there are), then one
 # of its sentences. Append one tuple per pair.</details>
-# <details><summary>Hint 3 — one key expression</summary>A's position, which keeps the last sentence out:
-# <code>rng.randrange(len(documents[d]) - 1)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks A's draw: a document of 3 sentences has
+# the indices 0, 1 and 2, but A may only stand at 0 or 1. Which argument makes <code>randrange</code> give exactly
+# those? The page to read is <code>random.Random.randrange</code>: its stop is excluded.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "nsp_pairs", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def nsp_pairs(documents, n_pairs, seed):
@@ -629,15 +634,18 @@ for a, b, label in examples:
 # shape of <code>ids</code>: is the token special? is it selected? is it to become <code>[MASK]</code>? a random
 # token? The inputs are then the ids with two replacements, and the labels need only the ids and the
 # selection.</details>
-# <details><summary>Hint 2 — the plan</summary>The special positions: <code>torch.isin</code> tests every entry
-# against a list of values. With the first draw they give the selection; the labels keep the ids where selected
-# and −100 elsewhere (<code>masked_fill</code>). The second draw splits the selection three ways at 0.8 and 0.9.
-# The candidates: a boolean vector of length <code>vocab_size</code>, all True, with the special ids and
-# <code>mask_id</code> switched off; the indices of what stays True, <code>[n_allowed]</code>. The third draw
-# indexes into the candidates: one random id per position, the shape of <code>ids</code>. Last, two
-# <code>torch.where</code>: <code>mask_id</code> where to mask, then the random ids where to randomise.</details>
-# <details><summary>Hint 3 — one key expression</summary>The random ids, one per position:
-# <code>candidates[torch.randint(len(candidates), ids.shape, generator=generator)]</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>Boolean tensors of the shape of <code>ids</code>, one per question.
+# The special positions: every entry tested against the list of special ids. With the first draw they give the
+# selection; the labels are the ids where selected and −100 elsewhere. The second draw splits the selection three
+# ways at 0.8 and 0.9. The candidates: a boolean vector of length <code>vocab_size</code>, all True, with the
+# special ids and <code>mask_id</code> switched off; the indices of what stays True, <code>[n_allowed]</code>. The
+# third draw indexes into the candidates: one random id per position, the shape of <code>ids</code>. Last, the
+# inputs: <code>mask_id</code> where to mask, the random ids where to randomise, the ids everywhere else.</details>
+# <details><summary>Hint 3 — the key step</summary>A smaller example on other tensors: drawing with replacement from
+# <code>pool = [10, 20, 30]</code> into a <code>[2, 2]</code> shape is indexing <code>pool</code> with a
+# <code>[2, 2]</code> tensor of random indices in 0, 1, 2; the indices <code>[[2, 0], [0, 1]]</code> give
+# <code>[[30, 10], [10, 20]]</code>. The page to read is <code>torch.randint</code>: its first argument is the upper
+# bound, excluded.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "mask_tokens", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def mask_tokens(ids, special_ids, mask_id, vocab_size, generator, p=0.15):
@@ -820,9 +828,11 @@ def batch_of(g, *tensors):
 # NSP loss: <code>[batch, 2]</code> against <code>nsp_labels</code>. Then chapter 07's update, in its order, with
 # <code>max_grad_norm</code> as the clipping threshold and the scheduler stepped once. Return the two losses as
 # floats, MLM first.</details>
-# <details><summary>Hint 3 — one key expression</summary>The MLM loss:
-# <code>F.cross_entropy(mlm_logits.reshape(-1, mlm_logits.shape[-1]), labels.reshape(-1), ignore_index=-100)</code>.
-# </details>
+# <details><summary>Hint 3 — the key step</summary>The page to read is
+# <code>torch.nn.functional.cross_entropy</code>: the shapes it expects (class scores <code>[N, C]</code>, targets
+# <code>[N]</code>) and its <code>ignore_index</code> argument. The question that unlocks the MLM loss: what are
+# <code>N</code> and <code>C</code> for <code>[batch, seq, vocab]</code> scores, and must the labels be flattened
+# the same way?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "pretrain_step", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def pretrain_step(model, batch, vocab, mask_tokens, generator, optimizer, scheduler, max_grad_norm):
@@ -1209,8 +1219,10 @@ claim(min(trained["own centre"], trained["elsewhere"]) >= 0.95 and trained["same
 # <details><summary>Hint 2 — the plan</summary>The <code>[CLS]</code> states: every input, position 0,
 # <code>[batch, d_model]</code>. The pooled vectors have the same shape (the pooler's dense layer, then tanh); the
 # classifier maps them to <code>[batch, n_classes]</code>.</details>
-# <details><summary>Hint 3 — one key expression</summary>The <code>[CLS]</code> states:
-# <code>hidden[:, 0]</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>A smaller example on another tensor:
+# <code>x = torch.arange(24).view(2, 3, 4)</code>. Which indexing of <code>x</code> keeps both rows of the batch but
+# only position 0, and gives the <code>[2, 4]</code> tensor <code>[[0, 1, 2, 3], [12, 13, 14, 15]]</code>, the
+# middle axis gone?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "classify_from_cls", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def classify_from_cls(hidden, pooler, classifier):
@@ -1484,8 +1496,10 @@ for example in qa_test[:3]:
 # it (the upper triangle of an all-True matrix, minus a higher upper triangle), and the passage mask on both axes.
 # Fill the rest with −∞, flatten each row of the batch to <code>seq · seq</code> cells, take the argmax; integer
 # division of the flat index by <code>seq</code> gives the start, the remainder the end.</details>
-# <details><summary>Hint 3 — one key expression</summary>The table:
-# <code>start_logits[:, :, None] + end_logits[:, None, :]</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>A smaller example on other tensors: with <code>a = [1, 2]</code>
+# and <code>b = [10, 20, 30]</code>, the <code>[2, 3]</code> table of every sum of an item of <code>a</code> and an
+# item of <code>b</code> is <code>[[11, 21, 31], [12, 22, 32]]</code>. Which new axis must each of the two get so
+# that broadcasting builds it? The page to read is PyTorch's broadcasting semantics.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "best_span", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def best_span(start_logits, end_logits, passage_mask, max_answer_len):
