@@ -150,8 +150,10 @@ print("the id of 'exception':", vocab.id("exception"))
 # <code>[n - d]</code>; add 1 for each pair, once in each direction. Careful: adding 1 at positions given by index
 # <em>tensors</em> with ordinary indexing counts a pair that occurs several times only once. The tensor method
 # <code>index_put_</code>, with its <code>accumulate</code> option on, adds every occurrence.</details>
-# <details><summary>Hint 3 — one key expression</summary>Every pair at distance d, seen from its left end, repeats included:
-# <code>counts.index_put_((left, right), ones, accumulate=True)</code>, where <code>ones</code> holds one 1 per pair.</details>
+# <details><summary>Hint 3 — the key step</summary>On a toy, <code>m = torch.zeros(3, 3)</code> then
+# <code>m.index_put_((torch.tensor([0, 0]), torch.tensor([2, 2])), torch.tensor([1., 1.]), accumulate=True)</code>
+# leaves a 2 at <code>m[0, 2]</code>: the repeated pair counts twice. With <code>m[rows, cols] += 1</code> it would be
+# 1. The page to read: torch.Tensor.index_put_.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "cooccurrence_counts", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def cooccurrence_counts(token_ids: torch.Tensor, vocab_size: int, window: int) -> torch.Tensor:
@@ -252,8 +254,10 @@ for word in ["exception", "true"]:
 # instead, <em>before</em> the log: log 1 = 0. The expected count (row sum times column sum) is 0 only where the count is 0
 # as well; guard that division too, or the zeros turn into NaN. (3) Keep the positive part: clip the log below at 0.
 # Picking between two tensors entry by entry is what <code>torch.where</code> does.</details>
-# <details><summary>Hint 3 — one key expression</summary>The ratio, 1 wherever a count is 0:
-# <code>torch.where(counts > 0, counts * total / expected, 1.0)</code> (and keep the division itself from seeing a 0).</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks it: which value of the ratio makes its log
+# exactly 0, and how do you put that value in only where the count is 0? <code>torch.where</code> picks entry by entry,
+# but it computes both of its branches everywhere first, so a division in one branch still sees the zeros: give its
+# denominator a guard of its own.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "ppmi", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def ppmi(counts: torch.Tensor) -> torch.Tensor:
@@ -341,8 +345,10 @@ print("the vector of 'list' starts with", vectors[vocab.id("list"), :5])
 # for <code>b</code>. Then multiply the unit rows of <code>a</code>, <code>[..., N, d]</code>, by those of <code>b</code> with only
 # their last two dimensions swapped, <code>[..., d, M]</code> (the <code>.T</code> attribute would also reverse the batch
 # dimensions).</details>
-# <details><summary>Hint 3 — one key expression</summary>The length of every row of <code>a</code>, as a column:
-# <code>a.norm(dim=-1, keepdim=True)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>On other numbers: for <code>x = torch.tensor([[3., 4.], [0.,
+# 0.]])</code> the length of each row, kept as a column, is <code>[[5.], [0.]]</code>; dividing <code>x</code> by it
+# broadcasts over each row. What must happen to that 0 before you divide by it? The page to read:
+# torch.linalg.vector_norm (its <code>keepdim</code> argument).</details>
 
 # %% nbgrader={"grade": false, "grade_id": "cosine_similarity", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def cosine_similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -557,7 +563,9 @@ plt.show()
 # <code>[..., L, L]</code> (row $i$: how similar word $i$ is to each word). Weights: a softmax over the last dimension, so each
 # row sums to 1. Output: the weights <code>[..., L, L]</code> times the static vectors <code>[..., L, d]</code>, which is
 # <code>[..., L, d]</code>.</details>
-# <details><summary>Hint 3 — one key expression</summary>The scores: <code>sharpness * cosine_similarity_impl(vectors, vectors)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>Two questions. Which function you already wrote gives every pair's
+# cosine, and what do you hand it to compare a sentence with itself? And over which dimension must each word's weights
+# sum to 1: the one that indexes the word, or the one that indexes the words it looks at?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "contextual_vectors", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def contextual_vectors(vectors: torch.Tensor, sharpness: float) -> torch.Tensor:
@@ -726,8 +734,10 @@ plt.show()
 # one matrix product with the encoder states' last two dimensions swapped. Weights: a softmax over the source positions,
 # the last dimension, stabilised by each row's maximum. Contexts: the weights <code>[..., T, S]</code> times the encoder
 # states <code>[..., S, d]</code>, which is <code>[..., T, d]</code>. Return the contexts first, the weights second.</details>
-# <details><summary>Hint 3 — one key expression</summary>All the scores at once:
-# <code>decoder_states @ encoder_states.transpose(-2, -1)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>Shapes first: a <code>[2, 3]</code> tensor times a <code>[3,
+# 4]</code> one is <code>[2, 4]</code>. The decoder states are <code>[..., T, d]</code> and the encoder states
+# <code>[..., S, d]</code>: which of the two must be transposed, and on which two dimensions, for the product to be
+# <code>[..., T, S]</code>? The page to read: torch.Tensor.transpose.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "alignment", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def alignment(decoder_states: torch.Tensor, encoder_states: torch.Tensor):
