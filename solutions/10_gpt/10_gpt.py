@@ -207,8 +207,10 @@ print(Block(small))
 # <code>[seq, past + seq]</code>. Normalise x with ln_1 and use the result as query, key and value of the
 # attention, with the mask and the cache; drop out what comes back and add it to x. Then normalise the new x with
 # ln_2, run the MLP, drop out, add.</details>
-# <details><summary>Hint 3 — one key expression</summary>The mask's rows for the new positions:
-# <code>causal_mask(past + seq)[past:]</code></details>
+# <details><summary>Hint 3 — the key step</summary>A smaller example: 1 cached position and 2 new ones. The causal
+# mask of size 3 has the rows <code>T . .</code>, <code>T T .</code>, <code>T T T</code>. Which of them belong to
+# the new positions, and how many columns does each have? And why must <code>past</code> be read before the
+# attention runs, not after?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "gpt_block", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def gpt_block(x: torch.Tensor, block: Block, cache: KVCache | None = None) -> torch.Tensor:
@@ -271,7 +273,9 @@ for name, child in GPT(small).named_children():
 # without a cache. Token vectors <code>[batch, seq, d_model]</code>, with the position vectors of positions past
 # onwards added (model.positions does that, given the offset). Each block in turn, block i with cache entry i (or
 # none). Then model.ln_f and model.lm_head: <code>[batch, seq, vocab]</code>.</details>
-# <details><summary>Hint 3 — one key expression</summary><code>0 if cache is None else cache[0].length</code></details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks the offset: every block's cache entry
+# holds the same number of positions, so which entry can you ask, and what is the offset when there is no cache at
+# all? The page to read is Python's conditional expressions (<code>x if condition else y</code>).</details>
 
 # %% nbgrader={"grade": false, "grade_id": "gpt_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def gpt_forward(tokens: torch.Tensor, model: GPT, cache: list[KVCache] | None = None) -> torch.Tensor:
@@ -402,8 +406,10 @@ print("logits of positions 0..20 bitwise identical:", same, "| largest change at
 # <details><summary>Hint 2 — the plan</summary>The predictions: every position but the last,
 # <code>[B, L-1, V]</code>. The targets: every token but the first, <code>[B, L-1]</code>. Flatten both, to
 # <code>[B * (L-1), V]</code> and <code>[B * (L-1)]</code>, and take the mean cross-entropy.</details>
-# <details><summary>Hint 3 — one key expression</summary>The predictions that have a target:
-# <code>logits[:, :-1]</code></details>
+# <details><summary>Hint 3 — the key step</summary>A smaller example on other tensors: with
+# <code>t = torch.tensor([[5, 6, 7, 8]])</code>, which slice gives the targets <code>[[6, 7, 8]]</code>, and which
+# slice of a <code>[1, 4, V]</code> logits tensor gives the three predictions that have them? The page to read is
+# <code>torch.nn.functional.cross_entropy</code>, for the shapes it expects.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "next_token_loss", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -492,8 +498,11 @@ print("most frequent characters:", [(chars.decode([i]), round(p, 3)) for i, p in
 # Faster: one number per pair, previous · V + next, counted by torch.bincount with a minlength of V·V and viewed as
 # <code>[V, V]</code>. The row totals, <code>[V, 1]</code>, broadcast over the columns; compute in float64 and
 # return float32.</details>
-# <details><summary>Hint 3 — one key expression</summary>The row totals:
-# <code>counts.sum(dim=1, keepdim=True)</code></details>
+# <details><summary>Hint 3 — the key step</summary>A smaller example: the counts <code>[[1, 3], [0, 0]]</code> with
+# <code>alpha = 1</code> become <code>[[2, 4], [1, 1]]</code>; the row totals 6 and 2 turn them into the
+# probabilities <code>[[1/3, 2/3], [1/2, 1/2]]</code>. Which dimension do you sum over, and what shape must the
+# totals keep so that each row is divided by its own? The page to read is <code>torch.Tensor.sum</code> and its
+# <code>keepdim</code> argument.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "bigram_log_probs", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def bigram_log_probs(ids: torch.Tensor, vocab_size: int, alpha: float = 1.0) -> torch.Tensor:
@@ -883,8 +892,11 @@ claim(bpe_nats_per_char <= char_nats - 0.25, "so per character it is better than
 # times: run the model on what it has not seen yet, with the cache; keep the last position's logits,
 # <code>[batch, vocab]</code>; their argmax over the vocabulary is <code>[batch]</code>; as a column,
 # <code>[batch, 1]</code>, it is appended to what you return and is also what the model sees next.</details>
-# <details><summary>Hint 3 — one key expression</summary>The logits that predict the next token:
-# <code>model(new, cache)[:, -1]</code></details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks the step: the model returns logits for
+# every position it was fed, <code>[batch, seq, vocab]</code> at the first step and <code>[batch, 1, vocab]</code>
+# after. Which position predicts the next token, and how do you keep the chosen token as a column
+# <code>[batch, 1]</code>, ready to be fed next? The page to read is <code>torch.Tensor.argmax</code> and its
+# <code>keepdim</code> argument.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "greedy_generate", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def greedy_generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
@@ -1038,9 +1050,11 @@ plt.show()
 # each token's own probability: the mass before each token. Dropped: the tokens whose mass before is already at
 # least p, a boolean <code>[..., vocab]</code> in sorted order. Send that back to vocabulary order with the sort's
 # indices (a scatter), and fill the dropped logits with minus infinity.</details>
-# <details><summary>Hint 3 — one key expression</summary>Back to vocabulary order, for a boolean
-# <code>drop_sorted</code> and the sort's indices <code>order</code>:
-# <code>drop_sorted.scatter(-1, order, drop_sorted)</code></details>
+# <details><summary>Hint 3 — the key step</summary>A smaller example on other tensors: <code>[10, 20, 30]</code>
+# sorted in descending order is <code>[30, 20, 10]</code>, with the sort's indices <code>[2, 1, 0]</code>. A flag
+# computed in sorted order, <code>[True, False, False]</code>, belongs at vocabulary position 2 for its first entry.
+# Which operation writes each sorted entry back at the index the sort's indices hold for it? The page to read is
+# <code>torch.Tensor.scatter</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "top_p_filter", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
@@ -1123,8 +1137,10 @@ claim(min(nucleus_size["The value of the "], nucleus_size["\n"]) >= 10,
 # probabilities at the temperature, and their log, <code>[batch, vocab]</code>; the top-k filter; the top-p filter
 # when top_p is given; a softmax over the vocabulary; one multinomial sample per row with the generator,
 # <code>[batch, 1]</code>, appended to the output and fed to the model next.</details>
-# <details><summary>Hint 3 — one key expression</summary>The draw:
-# <code>torch.multinomial(probs, 1, generator=generator)</code></details>
+# <details><summary>Hint 3 — the key step</summary>The page to read is <code>torch.multinomial</code>: what its
+# input rows must hold (non-negative weights, one row per sentence), what shape it returns for one draw per row, and
+# its <code>generator</code> argument. Then the question: is what your filters return ready for it, or must it go
+# through one more step first?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "sample", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def sample(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
