@@ -213,7 +213,10 @@ plt.show()
 #
 # <details><summary>Hint 1 — the idea</summary>Whether query i may see key j depends on one number only: the offset j − i, how far the key lies after the query (negative when it lies before). The symmetric window keeps the offsets from −window to +window; the causal one keeps those from −window to 0.</details>
 # <details><summary>Hint 2 — the plan</summary>Build the <code>[size, size]</code> integer matrix of offsets at once, by broadcasting a row of positions, shape <code>[1, size]</code>, against a column of positions, shape <code>[size, 1]</code>. The mask is then a comparison of that matrix with the bounds: one comparison of its absolute value for the symmetric window, two joined by a logical "and" for the causal one. Print yours for size 5 and hold it against the worked example.</details>
-# <details><summary>Hint 3 — one key expression</summary>With <code>pos</code> the positions 0 .. size − 1, the offsets are <code>pos[None, :] - pos[:, None]</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>A smaller example: for the positions 0, 1, 2 the offsets j − i
+# form the matrix <code>[[0, 1, 2], [-1, 0, 1], [-2, -1, 0]]</code>. Which two views of the position vector, one a
+# row and one a column, give this matrix by broadcasting, and which of the two is subtracted? The page to read is
+# PyTorch's broadcasting semantics.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "sliding_window_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def sliding_window_mask(size: int, window: int, causal: bool = False) -> torch.Tensor:
@@ -272,7 +275,10 @@ for n in [1024, 2048, 4096]:
 #
 # <details><summary>Hint 1 — the idea</summary>Start again from the offset j − i. Two conditions must both hold: the offset lies on a grid that moves with the query (it is a multiple of the dilation), and it is not farther than <code>window</code> grid steps from the query.</details>
 # <details><summary>Hint 2 — the plan</summary>Reuse the <code>[size, size]</code> offset matrix of exercise 1. The grid condition is a remainder test: offset modulo dilation is zero (Python's remainder of a negative number by a positive one is never negative, so offsets on both sides work). The reach condition compares the offset's absolute value with the reach counted in positions, window times dilation, not in keys. The mask is where both hold.</details>
-# <details><summary>Hint 3 — one key expression</summary>The grid condition: <code>offset % dilation == 0</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks the grid: in the worked example
+# (dilation 2, query 3) the keys 1, 3 and 5 have the offsets −2, 0 and 2, the others odd offsets. Which arithmetic
+# test answers "on the grid" for −2, 0 and 2 and "off" for −1 and 1? Check what PyTorch's remainder gives for −2 and
+# 2 before you trust it.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "dilated_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def dilated_mask(size: int, window: int, dilation: int) -> torch.Tensor:
@@ -348,7 +354,10 @@ print("decoder version, row 6 (sees every earlier token):",
 #
 # <details><summary>Hint 1 — the idea</summary>A global token is a two-way hub. If only its row were on, it would collect everything and give nothing back; if only its column were on, it would hand out what it never collected. Draw the matrix in four blocks: global–global, global–real, real–global, real–real.</details>
 # <details><summary>Hint 2 — the plan</summary>Start from a <code>[g + n, g + n]</code> boolean matrix that is True everywhere: that already gives the hubs their rows and their columns, and links them to each other. Only the bottom-right <code>[n, n]</code> block, the real tokens among themselves, must change: it becomes <code>local_mask</code>, copied in from row g and column g on.</details>
-# <details><summary>Hint 3 — one key expression</summary>The all-True start: <code>torch.ones(g + n, g + n, dtype=torch.bool)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>A smaller example on another tensor: after
+# <code>x = torch.zeros(4, 4)</code>, one slice assignment writes 7 into the bottom-right <code>[2, 2]</code> block,
+# rows 2 and 3, columns 2 and 3, and leaves the rest alone. In the worked example (one global token, three real
+# ones), which rows and columns form the block that must equal <code>local_mask</code>?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "global_token_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def global_token_mask(local_mask: torch.Tensor, n_global: int) -> torch.Tensor:
@@ -419,7 +428,11 @@ for name, mask in patterns.items():
 #
 # <details><summary>Hint 1 — the idea</summary>One more layer on top: output i reads the positions k its mask allows, and each of those already reached some inputs j. So the new reach is "mask times old reach". Start from the reach of zero layers: each position reaches only itself.</details>
 # <details><summary>Hint 2 — the plan</summary>Keep a boolean reach matrix of the mask's shape, <code>[..., n, n]</code>, starting from the identity (zero layers), and replace it <code>n_layers</code> times by "mask times reach" in the boolean sense. PyTorch's matrix product does not take booleans: multiply as floats, then turn the path counts back into booleans by asking which are positive. Powers of one matrix commute, so the order of the two factors does not matter; a transpose does, since row i is the output and column j the input.</details>
-# <details><summary>Hint 3 — one key expression</summary>One layer more: <code>(mask.float() @ reach.float()) &gt; 0</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>A smaller example: on the chain 0 – 1 – 2 with every position
+# seeing itself and its neighbours, <code>M = [[1, 1, 0], [1, 1, 1], [0, 1, 1]]</code>, and the product of M with
+# itself has a positive entry at row 0, column 2: a path of two steps. Which dtypes does PyTorch's matrix product
+# accept, and how do you turn path counts back into "reachable or not"? The page to read is
+# <code>torch.matmul</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "receptive_field", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def receptive_field(mask: torch.Tensor, n_layers: int) -> torch.Tensor:
@@ -541,7 +554,11 @@ plt.show()
 #
 # <details><summary>Hint 1 — the idea</summary>Treat each block as a small attention problem of its own: its queries against the keys of its span, the span clamped to the real positions 0 .. n − 1. The band is then a small mask over that rectangle, computed from the offsets j − i of the real positions, not of the positions inside the block. A block's output is exactly the rows of the full answer for its queries, so the blocks' outputs only need to be joined.</details>
 # <details><summary>Hint 2 — the plan</summary>Loop over the block starts. For each block: the queries <code>[..., b, d_k]</code>, the keys <code>[..., span, d_k]</code> and values <code>[..., span, d_v]</code> of its span; the scaled scores <code>[..., b, span]</code>; a <code>[b, span]</code> grid of offsets, key position minus query position, and from it the band test; the scores outside the band set to minus infinity before the softmax over the keys; the weighted values <code>[..., b, d_v]</code>. Collect the blocks' outputs and join them along the sequence axis into <code>[..., n, d_v]</code>.</details>
-# <details><summary>Hint 3 — one key expression</summary>With <code>pos</code> the positions 0 .. n − 1, a block of queries <code>start .. end − 1</code> and a span of keys <code>lo .. hi − 1</code>, the offsets are <code>pos[None, lo:hi] - pos[start:end, None]</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>A smaller example from the worked example (window 1, blocks of
+# 2): the block of queries 2 and 3 spans the keys 1 to 4, and its offsets, key position minus query position, are
+# <code>[[-1, 0, 1, 2], [-2, -1, 0, 1]]</code>; the band keeps those from −1 to 1. The question that unlocks the
+# step: which slice of the positions gives the block's queries as a column, and which gives the span's keys as a
+# row?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "banded_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
@@ -672,7 +689,11 @@ print(f"largest intermediate: n x n = {512 * 512:,} numbers the slow way, d x d_
 #
 # <details><summary>Hint 1 — the idea</summary>Form the outer product φ(k_j) v_jᵀ for every position j, a <code>[d_k, d_v]</code> matrix each, then take running sums along the sequence so that position i holds the sum over j ≤ i (itself included). Do the same for φ(k_j) to get the normaliser.</details>
 # <details><summary>Hint 2 — the plan</summary>All the outer products at once make one <code>[..., n, d_k, d_v]</code> tensor: φ(k) with a new axis at the end times v with a new axis before its last one. The running sums go along the sequence axis, the third from the end of that tensor and the second from the end of the <code>[..., n, d_k]</code> normaliser. For the numerator, treat φ(q_i) as a row <code>[1, d_k]</code> times S_i <code>[d_k, d_v]</code>, for every position at once; keep the denominator as <code>[..., n, 1]</code> so that it divides every value feature.</details>
-# <details><summary>Hint 3 — one key expression</summary>Every S_i at once: <code>(phi_k.unsqueeze(-1) * v.unsqueeze(-2)).cumsum(dim=-3)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>A smaller example on other tensors: for <code>a = [1, 2]</code>
+# and <code>b = [3, 4, 5]</code>, the outer product <code>[[3, 4, 5], [6, 8, 10]]</code> is <code>a</code> with a
+# new last axis times <code>b</code> with a new axis in front. A running sum turns <code>[x0, x1, x2]</code> into
+# <code>[x0, x0 + x1, x0 + x1 + x2]</code>: which axis of <code>[..., n, d_k, d_v]</code> is the sequence axis? The
+# page to read is <code>torch.cumsum</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "causal_linear_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -748,7 +769,11 @@ print("outputs 0..199 unchanged when positions 200.. change:", torch.equal(ours[
 #
 # <details><summary>Hint 1 — the idea</summary>This is exercise 6 read one position at a time: the running totals S_i and z_i are not stored for every i, they are one pair of tensors that grows by one term per step. Because position i must see key i, the term of position i goes in before position i reads.</details>
 # <details><summary>Hint 2 — the plan</summary>Before the loop: the features φ(q) and φ(k), <code>[..., n, d_k]</code>, and the zero state S <code>[..., d_k, d_v]</code> and z <code>[..., d_k]</code>, in the inputs' dtype and with their leading dimensions. In the loop over the positions: the outer product of φ(k_i) <code>[..., d_k]</code> and v_i <code>[..., d_v]</code> added to S, φ(k_i) added to z; then the output of position i, <code>[..., d_v]</code>, from φ(q_i), S and z. After the loop, stack the n outputs along the sequence axis.</details>
-# <details><summary>Hint 3 — one key expression</summary>Position i's term of S, a <code>[..., d_k, d_v]</code> outer product: <code>phi_k[..., i, :, None] * v[..., i, None, :]</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>A smaller example: for one position with φ(k_i) =
+# <code>[1, 2]</code> and v_i = <code>[3, 4, 5]</code>, its term of S is the <code>[2, 3]</code> outer product
+# <code>[[3, 4, 5], [6, 8, 10]]</code>. The question that unlocks the step: in <code>[..., n, d_k]</code> and
+# <code>[..., n, d_v]</code>, which index picks position i, and where must each of the two factors get a new axis?
+# The page to read is PyTorch's indexing with <code>None</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "recurrent_linear_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def recurrent_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -964,7 +989,11 @@ print("softmax(row)             =", softmax(row, dim=-1))
 #
 # <details><summary>Hint 1 — the idea</summary>Three steps: the new maximum covers the old one and this block; a rescale factor brings the old sums from the old maximum to the new one (it is at most 1, and exactly 0 at the start); then this block's exponentials, taken relative to the new maximum, are added to both sums.</details>
 # <details><summary>Hint 2 — the plan</summary>Every quantity keeps the query axis. The new maximum, <code>[..., L_q, 1]</code>, is the larger of the old one and this block's largest score. The rescale factor, the exponential of the old maximum minus the new one, is <code>[..., L_q, 1]</code>. This block's exponentials, taken relative to the new maximum, are <code>[..., L_q, B]</code>: their sum over the keys goes into l, their product with the block's values, <code>[..., L_q, d_v]</code>, into acc, each after the old l and acc were multiplied by the rescale factor.</details>
-# <details><summary>Hint 3 — one key expression</summary>The running maximum: <code>torch.maximum(m, scores.amax(dim=-1, keepdim=True))</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The page to read is <code>torch.maximum</code>, the elementwise
+# larger of two tensors, as opposed to a maximum over one dimension (<code>torch.amax</code>). The question that
+# unlocks the step: the old maximum is <code>[..., L_q, 1]</code> and this block's scores
+# <code>[..., L_q, B]</code>; which reduction, keeping which dimension, brings the block to the old maximum's
+# shape?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "online_softmax_step", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def online_softmax_step(m, l, acc, scores, v_block):
