@@ -1,0 +1,179 @@
+"""The course's JupyterHub configuration on Kubernetes (Zero to JupyterHub, KubeSpawner).
+
+This text is the only Python configuration of the hub. `helm upgrade ... --set-file
+hub.extraFiles.course-config.stringData=deploy/kubernetes/course_config.py` puts it in the hub pod,
+and values.yaml's `hub.extraConfig.course` runs it inside the chart's jupyterhub_config.py, where
+`c` (the hub's traitlets config) and `get_config` (the chart's: it reads values.yaml by key) exist.
+tests/test_deploy_kubernetes.py runs it the same way and asserts what it sets.
+
+Who gets what, decided per user from the hub's groups when their server starts:
+
+* `instructors`: Formgrader on the course directory (/srv/course, a PVC), the course's own
+  nbgrader configuration (autograder/nbgrader_config.py), the exchange, more CPU and memory.
+* everyone else (the `students` group): the learner's lab of their edition (.lab or .lab-zh: no
+  Formgrader, no Create Assignment), plus nbgrader's Assignments tab on their edition's course in
+  the exchange: `transformer-course` (English, released from chapters/) or `transformer-course-zh`
+  (Chinese, from chapters/zh/, for members of the group `lang-zh`).
+
+Groups come from a roster CSV (login,name,role,language) mounted at ROSTER, or, with LTI 1.3,
+from each launch: the LMS's Instructor role, and a locale starting with "zh" (or a custom
+parameter course_lang=zh), at every login.
+
+Each user's server runs as its own uid (UID_BASE + the hub's user id), so nbgrader's exchange
+keeps its per-student ownership: a student can write to the exchange's inbound folder but cannot
+list it, and cannot read or replace another student's submission.
+"""
+
+import csv
+import os
+
+# Where the image keeps the course (its .venv included) and where pods mount the shared volumes.
+COURSE = "/opt/course"
+EXCHANGE = "/srv/nbgrader/exchange"
+COURSE_DIR = "/srv/course"
+COURSE_IDS = {"en": "transformer-course", "zh": "transformer-course-zh"}
+LAB_CONFIG = {"en": COURSE + "/.lab", "zh": COURSE + "/.lab-zh"}
+START_PAGE = {"en": COURSE + "/chapters/README.md", "zh": COURSE + "/chapters/zh/README.md"}
+STUDENT_CONFIG = COURSE + "/deploy/kubernetes/jupyter/student"
+INSTRUCTOR_CONFIG = COURSE + "/deploy/kubernetes/jupyter/instructor"
+ROSTER = "/usr/local/etc/jupyterhub/course/roster.csv"
+USERS_GID = 100  # the image's `users` group; the home volume is group-writable for it (fsGroup)
+UID_BASE = 200000  # above the grader's sandbox uids (autograder/isolation.py: 1000000 + 4096 is not reached by a class)
+
+_course = get_config("custom.course", {}) or {}  # noqa: F821 (the chart's get_config)
+COURSE_CLAIM = _course.get("courseClaim", "course-files")
+INSTRUCTOR_CPU = _course.get("instructorCpu", 4)
+INSTRUCTOR_MEMORY = _course.get("instructorMemory", "8G")
+
+
+# -- who is who -----------------------------------------------------------------------
+
+
+def group_names(user):
+    return {getattr(g, "name", g) for g in (getattr(user, "groups", None) or [])}
+
+
+def role_of(user):
+    return "instructor" if "instructors" in group_names(user) else "student"
+
+
+def language_of(user):
+    return "zh" if "lang-zh" in group_names(user) else "en"
+
+
+def read_roster(path=ROSTER):
+    """{login: (role, language)} from a CSV with columns login,name,role,language; {} without one."""
+    if not os.path.exists(path):
+        return {}
+    people = {}
+    with open(path, newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            login = (row.get("login") or "").strip()
+            if not login:
+                continue
+            role = (row.get("role") or "student").strip().lower()
+            language = (row.get("language") or "en").strip().lower()
+            if role not in ("student", "instructor") or language not in COURSE_IDS:
+                raise ValueError(f"{path}: {login}: role must be student|instructor, language en|zh")
+            people[login] = (role, language)
+    return people
+
+
+def roster_groups(people):
+    groups = {"instructors": [], "students": [], "lang-zh": []}
+    for login, (role, language) in sorted(people.items()):
+        groups["instructors" if role == "instructor" else "students"].append(login)
+        if language == "zh":
+            groups["lang-zh"].append(login)
+    return {name: {"users": users} for name, users in groups.items()}
+
+
+# -- per user, when the server starts ----------------------------------------------------
+
+
+def course_uid(spawner):
+    """A uid of the user's own, stable as long as the hub's database (hub.db, a PVC) is kept."""
+    return UID_BASE + int(spawner.user.id)
+
+
+def course_pre_spawn_hook(spawner):
+    """Set the user's role and edition on the spawner, from what the chart configured (each start alike)."""
+    base = getattr(spawner, "_course_base", None)
+    if base is None:  # the spawner object lives on between starts: start from the configured values each time
+        base = spawner._course_base = {
+            "environment": dict(spawner.environment), "extra_labels": dict(spawner.extra_labels),
+            "volumes": list(spawner.volumes), "volume_mounts": list(spawner.volume_mounts),
+            "notebook_dir": spawner.notebook_dir, "default_url": spawner.default_url,
+            "cpu_limit": spawner.cpu_limit, "mem_limit": spawner.mem_limit,
+        }
+    user = spawner.user
+    role, language = role_of(user), language_of(user)
+    env = dict(base["environment"])
+    env.update({
+        "COURSE_LANG": language,
+        "COURSE_ROLE": role,
+        "NBGRADER_EXCHANGE": EXCHANGE,
+        "NBGRADER_COURSE_ID": COURSE_IDS[language],
+    })
+    labels = dict(base["extra_labels"], **{"course-role": role})
+    volumes, mounts = list(base["volumes"]), list(base["volume_mounts"])
+    notebook_dir, default_url = base["notebook_dir"], base["default_url"]
+    cpu_limit, mem_limit = base["cpu_limit"], base["mem_limit"]
+    if role == "instructor":
+        # Formgrader on the course directory, with the course's nbgrader configuration (`make formgrader`).
+        env["JUPYTER_CONFIG_PATH"] = f"{INSTRUCTOR_CONFIG}:{COURSE_DIR}/autograder"
+        notebook_dir, default_url = COURSE_DIR, "/formgrader"
+        volumes.append({"name": "course-files", "persistentVolumeClaim": {"claimName": COURSE_CLAIM}})
+        mounts.append({"name": "course-files", "mountPath": COURSE_DIR})
+        cpu_limit, mem_limit = INSTRUCTOR_CPU, INSTRUCTOR_MEMORY
+    else:
+        # The learner's lab of their edition, and nbgrader's Assignments tab on that edition's course.
+        env["JUPYTER_CONFIG_PATH"] = f"{STUDENT_CONFIG}:{LAB_CONFIG[language]}"
+        env["COURSE_START_PAGE"] = START_PAGE[language]
+    spawner.environment, spawner.extra_labels = env, labels
+    spawner.volumes, spawner.volume_mounts = volumes, mounts
+    spawner.notebook_dir, spawner.default_url = notebook_dir, default_url
+    spawner.cpu_limit, spawner.mem_limit = cpu_limit, mem_limit
+
+
+# -- LTI 1.3: groups from each launch ---------------------------------------------------
+
+LTI_ROLES = "https://purl.imsglobal.org/spec/lti/claim/roles"
+LTI_PRESENTATION = "https://purl.imsglobal.org/spec/lti/claim/launch_presentation"
+LTI_CUSTOM = "https://purl.imsglobal.org/spec/lti/claim/custom"
+
+
+def lti_groups(authenticator, handler, authentication):
+    """Instructor or student from the launch's LTI roles, the edition from its locale (or course_lang)."""
+    token = authentication.get("auth_state") or {}
+    roles = token.get(LTI_ROLES) or []
+    instructor = any(r.endswith("#Instructor") or r.endswith("/Instructor") for r in roles)
+    custom = token.get(LTI_CUSTOM) or {}
+    locale = str(custom.get("course_lang") or (token.get(LTI_PRESENTATION) or {}).get("locale") or "")
+    groups = ["instructors" if instructor else "students"]
+    if locale.lower().startswith("zh"):
+        groups.append("lang-zh")
+    authentication["groups"] = groups
+    return authentication
+
+
+# -- the hub ------------------------------------------------------------------------------
+
+c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"  # noqa: F821 (the hub's config)
+c.KubeSpawner.uid = course_uid  # noqa: F821
+c.KubeSpawner.gid = USERS_GID  # noqa: F821
+c.KubeSpawner.fs_gid = USERS_GID  # noqa: F821
+c.KubeSpawner.supplemental_gids = [USERS_GID]  # noqa: F821
+c.KubeSpawner.pre_spawn_hook = course_pre_spawn_hook  # noqa: F821
+
+_authenticator = str(c.JupyterHub.authenticator_class)  # noqa: F821
+if "LTI13Authenticator" in _authenticator:
+    c.Authenticator.manage_groups = True  # noqa: F821
+    c.Authenticator.post_auth_hook = lti_groups  # noqa: F821
+    c.Authenticator.allow_all = True  # noqa: F821 (the LMS decides who may launch the course)
+else:
+    _people = read_roster()
+    if _people:
+        c.JupyterHub.load_groups = roster_groups(_people)  # noqa: F821
+        c.Authenticator.allowed_users = set(_people)  # noqa: F821
+        c.Authenticator.admin_users = {p for p, (role, _) in _people.items() if role == "instructor"}  # noqa: F821
