@@ -114,7 +114,9 @@ plt.show()
 #
 # <details><summary>Hint 1 — the idea</summary>Each role is one matrix product of the same input with its own matrix. PyTorch's matrix product multiplies the last two dimensions and broadcasts the leading ones, so batch dimensions take care of themselves.</details>
 # <details><summary>Hint 2 — the plan</summary>Three products, one per matrix: <code>[..., seq, d_model]</code> times <code>[d_model, d_k]</code> gives <code>[..., seq, d_k]</code> (and <code>d_v</code> columns for the values). Return the three results as one tuple, in the order queries, keys, values.</details>
-# <details><summary>Hint 3 — one key expression</summary>The queries: <code>x @ w_q</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>On a toy: <code>torch.ones(5, 2, 4) @ torch.ones(4, 3)</code> has
+# shape <code>[5, 2, 3]</code>; the leading 5 rides along untouched. Which of the three matrices makes the values, and
+# how many columns does it have?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "project_qkv", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def project_qkv(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor):
@@ -279,7 +281,10 @@ print(f"softmax([112, 96]) = [{raw_weights[0]:.7f}, {raw_weights[1]:.2e}]   (no 
 #
 # <details><summary>Hint 1 — the idea</summary>All the dot products at once are one matrix product: the queries times the keys turned on their side. Then one division by $\sqrt{d_k}$, where $d_k$ is the size of one query vector.</details>
 # <details><summary>Hint 2 — the plan</summary>Shapes: <code>[..., L_q, d_k]</code> times <code>[..., d_k, L_k]</code> gives <code>[..., L_q, L_k]</code>. Turning the keys on their side means swapping only their last two dimensions; the batch dimensions stay where they are (the <code>.T</code> attribute would reverse them all). $d_k$ is the last entry of <code>q.shape</code>, and the square root comes from the <code>math</code> module.</details>
-# <details><summary>Hint 3 — one key expression</summary>The keys, turned on their side: <code>k.transpose(-2, -1)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>On other shapes: a tensor <code>a</code> of shape <code>[2, 7, 4,
+# 8]</code> with its last two dimensions swapped is <code>[2, 7, 8, 4]</code>; <code>a.mT</code> does that, and so does
+# torch.Tensor.transpose given those two dimensions. Which tensor must be swapped so that the product is <code>[...,
+# L_q, L_k]</code>, and the square root of which size divides it?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "attention_scores", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -357,8 +362,14 @@ print("literal softmax    :", naive)
 # it, and the grader gives an answer that calls one 0 points for this exercise.
 #
 # <details><summary>Hint 1 — the idea</summary>Softmax does not change when the same number is subtracted from every score of a row (it cancels in the ratio). Subtract the row's own largest score: then every exponential is at most 1 and nothing overflows. Every maximum and every sum runs over the last dimension, one row at a time, never over the whole tensor or the first dimension.</details>
-# <details><summary>Hint 2 — the plan</summary>Three steps, all of shape <code>[..., n]</code>: shift each row by its maximum, exponentiate, divide by the row's total. A row's maximum and total have shape <code>[..., 1]</code> when the reduction keeps the reduced dimension (the <code>keepdim</code> option of <code>amax</code> and <code>sum</code>), so they broadcast back against the row.</details>
-# <details><summary>Hint 3 — one key expression</summary>The shift: <code>x - x.amax(dim=-1, keepdim=True)</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>Three steps, all of shape <code>[..., n]</code>: shift each row by its
+# maximum, exponentiate, divide by the row's total. A row's maximum and total have shape <code>[..., 1]</code> when the
+# reduction keeps the reduced dimension (the reductions' <code>keepdim</code> option), so they broadcast back against
+# the row.</details>
+# <details><summary>Hint 3 — the key step</summary>Try one row by hand: for <code>[1000., 1001.]</code> the exponentials
+# overflow to inf, and inf / inf is NaN. Shifted by the row's maximum it is <code>[-1., 0.]</code>, whose exponentials
+# are $e^{-1}$ and 1, and the softmax is $1/(1+e)$ and $e/(1+e)$. For a <code>[..., n]</code> tensor, what shape must
+# the maximum have to be subtracted from every entry of its own row? The page to read: torch.amax.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "softmax", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def softmax(x: torch.Tensor) -> torch.Tensor:
@@ -459,7 +470,10 @@ print("zeroed after softmax :", after, " row sum", f"{after.sum():.4f}")
 #
 # <details><summary>Hint 1 — the idea</summary>Four steps: the scaled scores of exercise 2; then hide the keys the mask forbids <em>in the scores</em>, by giving them a hugely negative score; then a softmax over the keys; then the weighted sum of the values. Hiding before the softmax is what makes a hidden key get exactly 0 weight while the visible weights still sum to 1.</details>
 # <details><summary>Hint 2 — the plan</summary>Shapes: scores <code>[..., L_q, L_k]</code> → masked scores, the same shape (only when a mask is given: where the mask is False, the score becomes the most negative number the dtype can hold, or minus infinity) → weights, the same shape, softmax over the last dimension → weights times <code>v</code> <code>[..., L_k, d_v]</code> gives the output <code>[..., L_q, d_v]</code>. Return the output and the weights.</details>
-# <details><summary>Hint 3 — one key expression</summary>Hiding what the mask forbids: <code>scores.masked_fill(~mask, torch.finfo(scores.dtype).min)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The page to read: torch.Tensor.masked_fill. It fills where
+# <em>its</em> mask is True, and here the mask is True where a key is visible. On a toy, <code>torch.tensor([1., 2.,
+# 3.]).masked_fill(torch.tensor([True, False, False]), -100.)</code> is <code>[-100., 2., 3.]</code>. So which mask do
+# you hand it, and which value does torch.finfo give as the most negative number of a dtype?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "scaled_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def scaled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None):
@@ -589,7 +603,9 @@ print("scaled output of token 1 :", [f"{z:.2f}" for z in out_scaled[0].tolist()]
 #
 # <details><summary>Hint 1 — the idea</summary>Project, score, softmax, mix: the four steps of sections 1 to 5, on whole matrices, with no loop over the tokens. The scale uses $d_k$, the number of columns of $W^Q$, not the embedding size $d_{model}$.</details>
 # <details><summary>Hint 2 — the plan</summary>Shapes: <code>x</code> <code>[..., seq, d_model]</code> → queries and keys <code>[..., seq, d_k]</code>, values <code>[..., seq, d_v]</code> → scaled scores <code>[..., seq, seq]</code> → weights, a softmax over the last dimension (the keys) → output <code>[..., seq, d_v]</code>. Each step is one of your earlier functions; return the output and the weights, in that order.</details>
-# <details><summary>Hint 3 — one key expression</summary>The scaled scores of all the tokens at once: <code>q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>Two questions. Which of your earlier exercises already turn
+# <code>x</code> into queries, keys and values, and scores into an output? And which size does the scale use: the
+# embedding size, or the number of columns of the query matrix (the last entry of the queries' shape)?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "self_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def self_attention(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor):
@@ -784,7 +800,11 @@ print("row of 'it':", {t: round(w, 2) for t, w in zip(tokens, A_sent[it].tolist(
 #
 # <details><summary>Hint 1 — the idea</summary>The four steps of <code>self_attention</code>, with the layers doing the projections, plus the padding. A position is real when its number is smaller than its sentence's length. A padding token must never be attended <em>to</em>, so it is hidden as a key: its column of the scores, in every row of its sentence. Its own row stays as it is.</details>
 # <details><summary>Hint 2 — the plan</summary>Shapes: queries and keys <code>[batch, seq, d_k]</code>, values <code>[batch, seq, d_v]</code> → scores <code>[batch, seq, seq]</code>, divided by $\sqrt{d_k}$ (the layer keeps <code>d_k</code>). The positions 0 … seq − 1 as a row <code>[1, seq]</code>, compared with the lengths as a column <code>[batch, 1]</code>, give a boolean <code>[batch, seq]</code> that is True for the real tokens. With a middle axis of size 1 it becomes <code>[batch, 1, seq]</code>: one row of visible keys that every query of the sentence shares. Then hide, softmax and mix exactly as in exercise 4, and return the output and the weights.</details>
-# <details><summary>Hint 3 — one key expression</summary>Which positions are real: <code>torch.arange(x.shape[1]) &lt; lengths[:, None]</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks it: from the lengths <code>[2, 3]</code>
+# and seq = 4, how do you get the table <code>[[True, True, False, False], [True, True, True, False]]</code> with a
+# single comparison? (A row of positions against a column of lengths: torch.arange, and <code>None</code> as an index to
+# add an axis.) Then: which axis of the <code>[batch, seq, seq]</code> scores does that table hide, and where must its
+# axis of size 1 go?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "self_attention_layer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class SelfAttention(nn.Module):

@@ -206,9 +206,15 @@ plt.show()
 # with head 0 `[[0, 1], [6, 7]]`, head 1 `[[2, 3], [8, 9]]`, head 2 `[[4, 5], [10, 11]]`.
 #
 # <details><summary>Hint 1 — the idea</summary>Two moves: cut the feature axis of every position into <code>n_heads</code> blocks of <code>d_k</code> features, then swap the positions axis and the heads axis, so that each head holds its block for every position.</details>
-# <details><summary>Hint 2 — the plan</summary>Shapes: <code>[batch, seq, d_model]</code> → (a view: the same numbers, the last axis cut in two) → <code>[batch, seq, n_heads, d_k]</code> → (a transpose of axes 1 and 2) → <code>[batch, n_heads, seq, d_k]</code>.
-# The three sizes come from <code>x.shape</code>; <code>d_k</code> is <code>d_model</code> divided by <code>n_heads</code>, as an integer. Cutting straight to <code>[batch, n_heads, seq, d_k]</code> has the right shape and the wrong numbers (the picture above).</details>
-# <details><summary>Hint 3 — one key expression</summary>The first move: <code>x.view(batch, seq, n_heads, d_k)</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: <code>[batch, seq, d_model]</code> → (the same numbers, the last
+# axis cut in two) → <code>[batch, seq, n_heads, d_k]</code> → (the positions axis and the heads axis swapped) →
+# <code>[batch, n_heads, seq, d_k]</code>. The three sizes come from <code>x.shape</code>; <code>d_k</code> is
+# <code>d_model</code> divided by <code>n_heads</code>, as an integer. Cutting straight to <code>[batch, n_heads, seq,
+# d_k]</code> has the right shape and the wrong numbers (the picture above).</details>
+# <details><summary>Hint 3 — the key step</summary>Test the plan on a toy: <code>t = torch.arange(12).view(1, 2,
+# 6)</code> is one sentence of 2 positions with 6 features, cut into 3 heads of 2. Head 0 must hold <code>[[0, 1], [6,
+# 7]]</code>: the first two features of each position. Cutting straight to <code>[1, 3, 2, 2]</code> gives it <code>[[0,
+# 1], [2, 3]]</code> instead. Which two moves give the first?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "split_heads", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -258,9 +264,15 @@ print("contiguous before:", x_small.is_contiguous(), " after split_heads:", head
 # Worked example: `merge_heads(split_heads(x, n_heads))` gives back `x`, for any `x` and `n_heads`.
 #
 # <details><summary>Hint 1 — the idea</summary>Undo the two moves of <code>split_heads</code> in reverse order: put the positions back in front of the heads, then glue each position's heads back into one vector.</details>
-# <details><summary>Hint 2 — the plan</summary>Shapes: <code>[batch, n_heads, seq, d_k]</code> → (a transpose of axes 1 and 2) → <code>[batch, seq, n_heads, d_k]</code> → (the last two axes joined) → <code>[batch, seq, n_heads * d_k]</code>.
-# After the transpose the memory is no longer laid out row by row, so <code>view</code> refuses ("view size is not compatible with input tensor's size and stride"); <code>reshape</code> copies when it must.</details>
-# <details><summary>Hint 3 — one key expression</summary>The first move: <code>x.transpose(1, 2)</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: <code>[batch, n_heads, seq, d_k]</code> → (the heads axis and the
+# positions axis swapped back) → <code>[batch, seq, n_heads, d_k]</code> → (the last two axes joined) → <code>[batch,
+# seq, n_heads * d_k]</code>. After the swap the memory is no longer laid out row by row, so <code>view</code> refuses
+# ("view size is not compatible with input tensor's size and stride"); <code>reshape</code> copies when it
+# must.</details>
+# <details><summary>Hint 3 — the key step</summary>Check on the toy of exercise 1: merging the heads of
+# <code>torch.arange(12).view(1, 2, 6)</code>, split into 3 heads, must give back exactly that tensor, position 0
+# holding 0 to 5. Which axes must be next to each other before they can be joined? The pages to read:
+# torch.Tensor.transpose and torch.Tensor.reshape.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "merge_heads", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
@@ -420,7 +432,10 @@ for name, shape in (("causal [L_q, L_k]", [4, 6]), ("padding [batch, 1, L_k]", [
 # <details><summary>Hint 2 — the plan</summary>Shapes: query, key and value, each times its matrix, <code>[batch, L, d_model]</code> → split → <code>[batch, heads, L, d_k]</code> (<code>L_q</code> positions for the queries, <code>L_k</code> for the keys and values);
 # scores and weights <code>[batch, heads, L_q, L_k]</code>, the softmax over the keys; a 3-D mask becomes <code>[batch, 1, L_q, L_k]</code> or <code>[batch, 1, 1, L_k]</code>; weights times values <code>[batch, heads, L_q, d_k]</code> → merge → <code>[batch, L_q, d_model]</code> → times <code>w_o</code>.
 # Return that and the per-head weights. Your <code>split_heads_impl</code>, <code>merge_heads_impl</code> and the imported <code>scaled_dot_product_attention</code> do most of the steps.</details>
-# <details><summary>Hint 3 — one key expression</summary>The queries of every head: <code>split_heads_impl(query @ w_q, n_heads)</code>, <code>[batch, heads, L_q, d_k]</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>Two questions. A mask <code>[batch, L_q, L_k]</code> meets scores
+# <code>[batch, heads, L_q, L_k]</code>, and broadcasting lines axes up from the right: where must an axis of size 1 go,
+# so that every head gets the same mask (torch.Tensor.unsqueeze)? And the keys may be longer or shorter than the
+# queries: does your split take its sizes from the tensor it is given, or from the queries?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "multi_head_attention_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def multi_head_attention_forward(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask=None):
@@ -500,7 +515,10 @@ print("weight on the two padding keys of sentence 2, per head:", weights_2[1, :,
 # <details><summary>Hint 2 — the plan</summary>Count one head: three matrices of $d_{model} \times d_k$ entries, plus $d_k$ biases each when <code>bias</code> is true.
 # Multiply by the number of heads. Add $W^O$: as many entries as it has inputs (the concatenated heads) times outputs, plus one bias per output when <code>bias</code> is true.
 # Use integer division for $d_k$, so that the result is a Python int.</details>
-# <details><summary>Hint 3 — one key expression</summary>$W^O$ and its biases: <code>d_model * d_model + (d_model if bias else 0)</code>; a head's three projections are counted the same way.</details>
+# <details><summary>Hint 3 — the key step</summary>Check your count on small numbers: <code>d_model = 4</code>, 2 heads,
+# with biases. One head's query matrix is 4 × 2 = 8 entries plus 2 biases; three such matrices per head and 2 heads make
+# 60; $W^O$ has 4 × 4 = 16 entries plus 4 biases, 20. The total is 80, and 64 without any bias. Does your formula give
+# both?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "count_mha_parameters", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def count_mha_parameters(d_model: int, n_heads: int, bias: bool = True) -> int:
@@ -590,7 +608,10 @@ print(f"score multiply-adds for L = {L}: 1 head {1 * L * L * 512:,}, 8 heads {8 
 # In <code>forward</code>, the layer <code>w_q</code> applied to the queries is exercise 3's product with $W^Q$, plus a bias; the rest is exercise 3 again.</details>
 # <details><summary>Hint 2 — the plan</summary>Constructor (after the parent's, which is already there): raise a <code>ValueError</code> whose message names <code>d_model</code> and <code>n_heads</code> when <code>d_model</code> is not a multiple of <code>n_heads</code>; then the four <code>nn.Linear</code> layers from <code>d_model</code> to <code>d_model</code>.
 # <code>forward</code>: <code>[batch, L, d_model]</code> → layer <code>w_q</code>, <code>w_k</code> or <code>w_v</code> → split → <code>[batch, heads, L, d_k]</code>; a 3-D mask gets a heads axis; attention per head → <code>[batch, heads, L_q, d_k]</code> → merge → <code>[batch, L_q, d_model]</code> → layer <code>w_o</code>. Return only the output.</details>
-# <details><summary>Hint 3 — one key expression</summary>The queries of every head: <code>split_heads_impl(self.w_q(query), self.n_heads)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The page to read: torch.nn.functional.scaled_dot_product_attention. A
+# boolean <code>attn_mask</code> is True where attention is allowed, as in this course, and it broadcasts over the heads
+# once it has an axis for them. It takes queries, keys and values already split into heads: what does it return, and
+# what is left to do after it?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "multi_head_attention_layer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class MultiHeadAttentionLayer(nn.Module):
@@ -789,9 +810,12 @@ def accuracy(model):
 #
 # <details><summary>Hint 1 — the idea</summary>One term per key, $-a \log a$, summed over the keys. The catch is a masked key, weight exactly 0:
 # in floating point, zero times the log of zero is zero times minus infinity, which is NaN, and one NaN spoils the whole sum. The term's limit is 0, and 0 is what it must contribute.</details>
-# <details><summary>Hint 2 — the plan</summary>Shapes: <code>[..., L_q, L_k]</code> → elementwise $-a \log a$, with 0 where $a = 0$ → a sum over the keys, the last dimension → <code>[..., L_q]</code>.
-# PyTorch has elementwise functions that handle the zero for you: <code>torch.xlogy</code> ($x \log y$, 0 where $x = 0$) and <code>torch.special.entr</code> ($-x \log x$).</details>
-# <details><summary>Hint 3 — one key expression</summary>Every term $a \log a$ at once, 0 where $a$ is 0: <code>torch.xlogy(weights, weights)</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>Shapes: <code>[..., L_q, L_k]</code> → elementwise $-a \log a$, with 0
+# where $a = 0$ → a sum over the keys, the last dimension → <code>[..., L_q]</code>. Computing the log first and
+# multiplying after cannot work at $a = 0$; the term must come from something that knows its limit.</details>
+# <details><summary>Hint 3 — the key step</summary>The page to read: torch.special.entr, which is $-x \log x$ and 0 at
+# $x = 0$ (torch.xlogy is its cousin, $x \log y$). On a toy, the weights <code>[1., 0.]</code> have entropy 0 and
+# <code>[0.5, 0.5]</code> have $\log 2$.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "attention_entropy", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def attention_entropy(weights: torch.Tensor) -> torch.Tensor:
