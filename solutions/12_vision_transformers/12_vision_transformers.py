@@ -253,8 +253,11 @@ print(f"attention scores per head and layer: 8x8 -> {64 ** 2:,};  64x64 -> {4096
 # <code>[B, C, H/p, p, W/p, p]</code> → reorder the axes → <code>[B, H/p, W/p, C, p, p]</code> → merge →
 # <code>[B, N, C·p·p]</code>. The reorder is the step that is easy to get wrong: a merge only joins axes that sit
 # next to each other, in the order they sit.</details>
-# <details><summary>Hint 3 — one key expression</summary>The reorder, on the split tensor <code>x</code>:
-# <code>x.permute(0, 2, 4, 1, 3, 5)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks the reorder: number the axes of
+# <code>[B, C, H/p, p, W/p, p]</code> from 0 to 5. Which numbers, in which order, give
+# <code>[B, H/p, W/p, C, p, p]</code>? Check yours on the worked example, split to <code>[1, 1, 2, 2, 2, 2]</code>:
+# the first patch must come out as <code>[0, 1, 4, 5]</code>. The page to read is
+# <code>torch.Tensor.permute</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "patchify", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def patchify(images: torch.Tensor, patch: int) -> torch.Tensor:
@@ -382,8 +385,10 @@ plt.show()
 # <code>[B, 1 + N, d_model]</code>; plus the positions, which broadcast over the batch; every encoder layer in turn;
 # the final LayerNorm; token 0 of each image, <code>[B, d_model]</code>; the head, <code>[B, n_classes]</code>.
 # </details>
-# <details><summary>Hint 3 — one key expression</summary>[CLS] for every image of the batch, without copying
-# memory: <code>model.cls_token.expand(images.shape[0], -1, -1)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The page to read is <code>torch.Tensor.expand</code>: it repeats
+# an axis of size 1 without copying memory, and a size of −1 keeps an axis as it is. The question that unlocks the
+# step: <code>cls_token</code> is <code>[1, 1, d_model]</code>; which sizes turn it into
+# <code>[B, 1, d_model]</code>, and where does B come from?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "vit_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def vit_forward(images: torch.Tensor, model: ViT) -> torch.Tensor:
@@ -498,8 +503,10 @@ print(f"{n_tokens:,} tokens: global attention {global_scores:,} scores, "
 # <code>[B, H/M, M, W/M, M, C]</code> → bring the two window indices next to the batch →
 # <code>[B, H/M, W/M, M, M, C]</code> → merge the first three axes into one and the two in-window axes into another
 # → <code>[B·nW, M·M, C]</code>.</details>
-# <details><summary>Hint 3 — one key expression</summary>The reorder, on the split map <code>x</code>:
-# <code>x.permute(0, 1, 3, 2, 4, 5)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks the reorder: number the axes of
+# <code>[B, H/M, M, W/M, M, C]</code> from 0 to 5. Which order of those numbers gives
+# <code>[B, H/M, W/M, M, M, C]</code>? Compared with your <code>patchify</code>, which axes stay where they are this
+# time? The page to read is <code>torch.Tensor.permute</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "window_partition", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def window_partition(x: torch.Tensor, window: int) -> torch.Tensor:
@@ -538,8 +545,10 @@ window_partition_impl = yours_or_reference(window_partition, check_window_partit
 # <details><summary>Hint 2 — the plan</summary><code>[B·nW, M·M, C]</code> → split →
 # <code>[B, H/M, W/M, M, M, C]</code> → swap the window-column axis with the in-window row axis →
 # <code>[B, H/M, M, W/M, M, C]</code> → merge → <code>[B, H, W, C]</code>.</details>
-# <details><summary>Hint 3 — one key expression</summary>Swapping two axes is its own inverse, so the reorder is
-# the one of <code>window_partition</code>: <code>x.permute(0, 1, 3, 2, 4, 5)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks the reorder: a permutation that only
+# swaps two axes, applied twice, gives what? So which reorder undoes the one of <code>window_partition</code>? Check
+# your function on the worked example: for <code>x = torch.arange(16.).reshape(1, 4, 4, 1)</code>, cutting
+# <code>x</code> into windows of 2 and putting them back must give <code>x</code> again.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "window_reverse", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def window_reverse(windows: torch.Tensor, window: int, height: int, width: int) -> torch.Tensor:
@@ -633,9 +642,11 @@ plt.show()
 # <code>window_partition_impl</code> takes a map <code>[B, H, W, C]</code>, so give the labels a batch axis and a
 # channel axis of size 1 → <code>[nW, M·M, 1]</code> → <code>[nW, M·M]</code>; every label of a window against
 # every other → <code>[nW, M·M, M·M]</code>.</details>
-# <details><summary>Hint 3 — one key expression</summary>The band of each row index, with <code>rows</code> the
-# indices 0 to H - 1:
-# <code>(rows >= height - window).long() + (rows >= height - shift).long()</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>A smaller example of the band rule: for height 4, window 2 and
+# shift 1 the row bands are <code>[0, 0, 1, 2]</code>: a row before both limits is band 0, and each limit it has
+# passed adds one. A comparison turned into integers counts one limit: on other numbers,
+# <code>(torch.arange(5) >= 3).long()</code> is <code>[0, 0, 0, 1, 1]</code>. Which two limits does a row index pass
+# here, and where do they lie for any height, window and shift?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "shifted_window_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def shifted_window_mask(height: int, width: int, window: int, shift: int) -> torch.Tensor:
@@ -701,8 +712,11 @@ plt.show()
 # columns, <code>[M·M]</code> each (integer division by M and its remainder) → row offsets
 # <code>[M·M, M·M]</code>, query on the rows and key on the columns, and column offsets likewise → both shifted into
 # $[0, 2M - 2]$ → one number per pair, <code>[M·M, M·M]</code>, int64.</details>
-# <details><summary>Hint 3 — one key expression</summary>The row offset of every (query, key) pair, from the rows
-# <code>y</code> of the tokens: <code>y[:, None] - y[None, :]</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>A smaller example with M = 2: the tokens' rows are
+# <code>y = [0, 0, 1, 1]</code>, and the row offsets, query minus key, are
+# <code>[[0, 0, -1, -1], [0, 0, -1, -1], [1, 1, 0, 0], [1, 1, 0, 0]]</code>. Which two views of <code>y</code>, one
+# a column and one a row, give this matrix by broadcasting? It is the trick of chapter 11's sliding-window offsets,
+# with the sign the other way round.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "relative_position_index_2d", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def relative_position_index_2d(window: int) -> torch.Tensor:
@@ -790,8 +804,10 @@ print("3x3 window, first diagonal above the main one:", index_3.diagonal(1).toli
 # image 0, then of image 1, ...), <code>[B·nW, M·M, M·M]</code>; attention → <code>[B·nW, M·M, C]</code>; windows
 # back into the map, height before width, <code>[B, H, W, C]</code>; rolled back by plus <code>shift</code>.
 # </details>
-# <details><summary>Hint 3 — one key expression</summary>Each head's bias for every (query, key) pair:
-# <code>block.bias_table[relative_position_index_2d_impl(block.window)].permute(2, 0, 1)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks the bias: the table is
+# <code>[(2M-1)^2, heads]</code>; indexing it with the <code>[M·M, M·M]</code> index gives which shape? The
+# attention wants the heads first: which reorder of the three axes gives <code>[heads, M·M, M·M]</code>? The page to
+# read is PyTorch's indexing of a tensor with an integer tensor.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "swin_window_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def swin_window_attention(x: torch.Tensor, block: SwinBlock, shift: int) -> torch.Tensor:
@@ -894,8 +910,10 @@ claim(effects["no mask"] > 0.01, "without it, the change at (7, 7) is above 0.01
 # <details><summary>Hint 2 — the plan</summary>four corner maps, each <code>[B, H/2, W/2, C]</code>, in the order
 # top-left, bottom-left, top-right, bottom-right; joined along the channel axis → <code>[B, H/2, W/2, 4C]</code>.
 # </details>
-# <details><summary>Hint 3 — one key expression</summary>The top-left corners: <code>x[:, 0::2, 0::2]</code>.
-# </details>
+# <details><summary>Hint 3 — the key step</summary>A smaller example on another tensor: for
+# <code>t = torch.arange(6)</code>, the slice that starts at 1 with a step of 2 gives <code>[1, 3, 5]</code>. In
+# <code>[B, H, W, C]</code>, which slices of the row axis and of the column axis give the bottom-left corners, rows
+# 1, 3, 5, … and columns 0, 2, 4, …? The page to read for joining the four maps is <code>torch.cat</code>.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "merge_patches", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def merge_patches(x: torch.Tensor) -> torch.Tensor:
