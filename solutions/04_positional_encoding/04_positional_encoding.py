@@ -144,7 +144,11 @@ print("outputs of 他打我 = outputs of 我打他 reversed:", torch.allclose(ou
 #
 # <details><summary>Hint 1 — the idea</summary>Every entry is the sine or the cosine of one angle, position times frequency. Build all the angles at once as an outer product: the positions as a column <code>[max_len, 1]</code> times the frequencies as a row <code>[1, d_model/2]</code>. Then the sines go into the even columns of the table and the cosines into the odd columns.</details>
 # <details><summary>Hint 2 — the plan</summary>Three tensors. The frequencies, <code>[d_model/2]</code>: the even numbers 0, 2, 4, … below <code>d_model</code> are already the $2i$ of the formula. The angles, <code>[max_len, d_model/2]</code>, computed in float64 so that large positions stay accurate. A table of zeros, <code>[max_len, d_model]</code>: the columns taken with step 2 from column 0 receive the sines, those taken with step 2 from column 1 the cosines. Return the table as float32.</details>
-# <details><summary>Hint 3 — one key expression</summary>The $2i$ of every pair, in float64: <code>torch.arange(0, d_model, 2, dtype=torch.float64)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>Two toys. A slice with a step takes every second entry from a start:
+# after <code>v = torch.zeros(6)</code> and <code>v[1::2] = torch.tensor([7, 8, 9])</code>, <code>v</code> is <code>[0,
+# 7, 0, 8, 0, 9]</code>. An outer product by broadcasting: a column of shape <code>[3, 1]</code> times a row of shape
+# <code>[1, 2]</code> is a <code>[3, 2]</code> table. Which dtype must the positions and the frequencies have before
+# they meet?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "sinusoidal_table", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
@@ -245,7 +249,9 @@ plt.show()
 #
 # <details><summary>Hint 1 — the idea</summary>You need <code>seq</code> consecutive rows of the table, one per token, starting at row <code>offset</code>; every sentence of the batch gets the same rows. The sequence length is the second entry of <code>x.shape</code>: the first is the batch size.</details>
 # <details><summary>Hint 2 — the plan</summary>A slice of the table, <code>[seq, d_model]</code>, added to <code>x</code>, <code>[batch, seq, d_model]</code>, broadcasts over the batch by itself. Convert the slice to the dtype of <code>x</code> first, so that a float64 <code>x</code> stays float64.</details>
-# <details><summary>Hint 3 — one key expression</summary>The rows: <code>pe[offset : offset + x.shape[1]]</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks it: with <code>offset</code> = 3 and
+# sentences of 4 tokens, which rows of the table do the tokens get? Rows 3, 4, 5 and 6. A slice's end is excluded, so
+# where does it end? Then the page to read for the dtype: torch.Tensor.to.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "add_positions", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def add_positions(x: torch.Tensor, pe: torch.Tensor, offset: int = 0) -> torch.Tensor:
@@ -357,7 +363,11 @@ print("turn for k = 2:", ",  ".join(f"pair {i} by 2 x {omega[i]:.4f} = {2 * omeg
 #
 # <details><summary>Hint 1 — the idea</summary>Compute the angles, the offset k times each pair's frequency (the same frequencies as in exercise 1, <code>[d_model/2]</code>), and their cosines and sines. Block i needs those two numbers in its four places: the cosine on its diagonal, the sine above it, minus the sine below it. A Python loop over the pairs that fills one 2×2 block at a time is a fine way to start.</details>
 # <details><summary>Hint 2 — the plan</summary>Without a loop: start from a zero matrix <code>[d_model, d_model]</code>, in float64. Taking every second row and every second column, both starting at 0, gives a <code>[d_model/2, d_model/2]</code> grid of the top-left entries of all the blocks, and block i's top-left entry sits on that grid's diagonal, at (i, i). The same holds for the other three kinds of entry (even row and odd column, odd row and even column, odd row and odd column). So each kind is one diagonal matrix written into one strided slice. Return float32.</details>
-# <details><summary>Hint 3 — one key expression</summary>The top-left entries of all the blocks at once: <code>m[0::2, 0::2] = torch.diag(cos)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks it: in a 4 × 4 matrix, where are the
+# bottom-left entries of its two 2 × 2 blocks? At (1, 0) and (3, 2): the rows from 1 with step 2 crossed with the
+# columns from 0 with step 2, and in that 2 × 2 grid they are the diagonal. A diagonal matrix written into that strided
+# slice fills exactly them (the page to read: torch.diag). Which of the four kinds of entry gets minus the
+# sine?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "rotation_for_offset", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def rotation_for_offset(k: int, d_model: int) -> torch.Tensor:
@@ -728,7 +738,10 @@ print("sinusoidal, 9 tokens -> output of shape", tuple(sinusoidal_model(longer).
 #
 # <details><summary>Hint 1 — the idea</summary>Three steps: the offset <code>j - i</code> of every (query, key) pair, then clip it to the range from <code>-D</code> to <code>D</code>, then shift it up by <code>D</code> so that it becomes a valid index 0 … 2D.</details>
 # <details><summary>Hint 2 — the plan</summary>Broadcasting builds all the offsets at once: the key positions as a row <code>[1, k_len]</code> minus the query positions as a column <code>[q_len, 1]</code> is the <code>[q_len, k_len]</code> matrix of <code>j - i</code>. Clip it with both bounds (tensors have a <code>clamp</code> method), then add <code>D</code>. Integer ranges are int64 already.</details>
-# <details><summary>Hint 3 — one key expression</summary>Clip and shift: <code>offset.clamp(-max_distance, max_distance) + max_distance</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>Work a toy by hand, <code>q_len = k_len = 3</code> and <code>D =
+# 1</code>: the offsets are <code>[[0, 1, 2], [-1, 0, 1], [-2, -1, 0]]</code>, clipped <code>[[0, 1, 1], [-1, 0, 1],
+# [-1, -1, 0]]</code>, shifted <code>[[1, 2, 2], [0, 1, 2], [0, 0, 1]]</code>. Does your function give that last matrix?
+# The page to read: torch.Tensor.clamp.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "relative_position_index", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def relative_position_index(q_len: int, k_len: int, max_distance: int) -> torch.Tensor:
@@ -793,7 +806,10 @@ plt.show()
 #
 # <details><summary>Hint 1 — the idea</summary>The index of exercise 4 tells, for every pair <code>(i, j)</code>, which column of the table it needs. Indexing a tensor with an integer tensor returns a tensor of the index's shape, filled with the entries it points to: a lookup that gradients flow through.</details>
 # <details><summary>Hint 2 — the plan</summary>First the <code>[q_len, k_len]</code> int64 index of the clipped offsets: your <code>relative_position_index_impl</code>, with <code>D</code> read from the table's width. Then index the table's <em>second</em> dimension with it and keep the first, the heads, whole: the result is <code>[heads, q_len, k_len]</code>, heads first, in the table's dtype.</details>
-# <details><summary>Hint 3 — one key expression</summary>The lookup: <code>table[:, index]</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>On a toy: <code>t = torch.tensor([[10, 20, 30]])</code> (1 head, 3
+# columns), indexed on its second dimension by the integer tensor <code>[[2, 0], [1, 1]]</code>, gives <code>[[[30, 10],
+# [20, 20]]]</code>, of shape <code>[1, 2, 2]</code>: the heads first, then the index's shape. How do you keep the first
+# dimension whole while indexing the second?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "relative_position_bias", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def relative_position_bias(table: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
