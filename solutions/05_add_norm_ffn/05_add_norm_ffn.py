@@ -184,8 +184,10 @@ plt.show()
 # the square root of the variance plus <code>eps</code> (<code>eps</code> inside the root). Last, the scale by
 # <code>gamma</code> and the shift by <code>beta</code>, both <code>[d]</code>, which broadcast over the leading
 # dimensions.</details>
-# <details><summary>Hint 3 — one key expression</summary>The mean of every vector, kept as a size-1 axis:
-# <code>x.mean(dim=-1, keepdim=True)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>Work one row by hand: <code>[1., 2., 3., 6.]</code> has mean 3,
+# squared deviations 4, 1, 0 and 9, and a biased variance of 14 / 4 (divide by <code>d</code> = 4, not by 3). Does
+# torch.var give that by default? Read its <code>correction</code> argument, or take the mean of the squares yourself;
+# and keep the reduced axis (the <code>keepdim</code> argument of torch.mean).</details>
 
 # %% nbgrader={"grade": false, "grade_id": "layer_norm", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def layer_norm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -300,8 +302,9 @@ plt.show()
 # <code>None</code> means every token is real). Their total, one number: the count of real tokens. The mean and
 # the variance, <code>[1, 1, d]</code>: weighted sums over the first two dimensions, kept as size-1 axes, divided
 # by that count. Then the normalisation of LayerNorm, without <code>gamma</code> and <code>beta</code>.</details>
-# <details><summary>Hint 3 — one key expression</summary>The masked mean of every feature, with the weights
-# <code>w</code> and their total <code>count</code>: <code>(x * w).sum(dim=(0, 1), keepdim=True) / count</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>A masked mean on a toy: the values 2, 4 and 9 with the weights 1, 1
+# and 0 give a weighted sum of 6 over a weight total of 2, so 3: the padded 9 never counts. To sum over the batch and
+# the positions at once, a reduction takes a tuple of dimensions; the page to read: torch.sum.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "batch_norm", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def batch_norm(x: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
@@ -438,7 +441,9 @@ for situation, (batch, real) in situations.items():
 # <details><summary>Hint 2 — the plan</summary>First the hidden layer, <code>[..., d_ff]</code>: the input times
 # <code>w1</code>, plus <code>b1</code>, through the ReLU. Then project it back to <code>[..., d_model]</code> with
 # <code>w2</code> and <code>b2</code>, and apply nothing after the second bias.</details>
-# <details><summary>Hint 3 — one key expression</summary>The hidden layer: <code>torch.relu(x @ w1 + b1)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>Shapes on a toy: a <code>[5, 2, 4]</code> input times a <code>[4,
+# 8]</code> matrix is <code>[5, 2, 8]</code>, and a bias of shape <code>[8]</code> broadcasts over it. The page to read:
+# torch.relu. Where does it go: after the first bias, or after the second?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "feed_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def feed_forward(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor,
@@ -580,8 +585,10 @@ plt.show()
 # <code>layer_norm_impl</code> with <code>gamma</code>, <code>beta</code> and <code>eps</code>. Pre-norm:
 # <code>layer_norm_impl</code> of the input goes into the sub-layer, and the raw input is added to what comes out.
 # Every tensor stays <code>[..., d_model]</code>.</details>
-# <details><summary>Hint 3 — one key expression</summary>Post-norm:
-# <code>layer_norm_impl(x + sublayer(x), gamma, beta, eps)</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks it: what is the very last operation of each
+# arrangement? In post-norm it is the norm, so the output is normalised; in pre-norm it is the addition, so a raw path
+# from the input to the output stays that no norm touches. Check on the toy the cell below prints, a sub-layer that
+# doubles its input.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "add_and_norm", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def add_and_norm(x: torch.Tensor, sublayer, gamma: torch.Tensor, beta: torch.Tensor,
@@ -804,15 +811,15 @@ plt.show()
 # <details><summary>Hint 1 — the idea</summary>Two residual sub-layers in a row: the attention, then the FFN. Write
 # each as a small function of one tensor, <code>[batch, seq, d_model]</code> in and out, with its dropout applied to
 # its output. Exercise 4 already wraps such a function in Add & Norm, post-norm or pre-norm.</details>
-# <details><summary>Hint 2 — the plan</summary>The attention function gives its input to
-# <code>layer.self_attn</code> as query, key and value, with the mask, and passes the result through
-# <code>layer.dropout1</code>; the FFN function is <code>layer.feed_forward</code> followed by
-# <code>layer.dropout2</code>. Then two steps: <code>x</code> becomes Add &amp; Norm of the attention function, with the
-# <code>gamma</code>, <code>beta</code> and <code>eps</code> of <code>layer.norm1</code> and
-# <code>layer.norm_first</code>; the result goes through Add &amp; Norm of the FFN function with those of
-# <code>layer.norm2</code>.</details>
-# <details><summary>Hint 3 — one key expression</summary>The attention sub-layer as a function:
-# <code>lambda y: layer.dropout1(layer.self_attn(y, y, y, mask))</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>Two sub-layers, each a function of one tensor, <code>[batch, seq,
+# d_model]</code> in and out: the attention (the layer's self-attention, with that tensor as query, key and value and
+# the mask, then the first dropout) and the FFN (the layer's feed-forward network, then the second dropout). Then two
+# residual steps, the attention's around the first norm and the FFN's around the second, in the arrangement the layer's
+# <code>norm_first</code> chooses; the second step reads what the first wrote.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks it: exercise 4 takes a sub-layer that is a
+# function of one tensor, but the attention also needs the mask. How does a nested <code>def</code> or a
+# <code>lambda</code> carry the mask in from the enclosing function? And in pre-norm, which tensor does the second step
+# add its output to?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "encoder_layer_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def encoder_layer_forward(x: torch.Tensor, mask: torch.Tensor | None, layer: EncoderLayer) -> torch.Tensor:
@@ -911,11 +918,12 @@ with torch.no_grad():
 #
 # <details><summary>Hint 1 — the idea</summary>Each layer reads what the layer below wrote. The final norm comes
 # once, after the last layer, whatever kind of stack it is (in post-norm it is the identity).</details>
-# <details><summary>Hint 2 — the plan</summary>A loop over <code>encoder.layers</code>, bottom first, in which
-# <code>x</code> is replaced by what <code>layer_forward</code> makes of it with the mask and that layer (always
-# <code>[batch, seq, d_model]</code>); after the loop, <code>encoder.norm</code> once.</details>
-# <details><summary>Hint 3 — one key expression</summary>One layer's output:
-# <code>layer_forward(x, mask, layer)</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>One pass over the stack's layers, bottom first: each replaces
+# <code>x</code> with what your layer function makes of it, the mask and that layer (always <code>[batch, seq,
+# d_model]</code>). After the pass, the stack's final norm, once.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks it: which name must the loop rebind at
+# every layer so that the next layer reads it, and is the final norm inside the loop or after it? In a post-norm stack
+# that norm is the identity, so calling it costs nothing.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "encoder_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def encoder_forward(x: torch.Tensor, mask: torch.Tensor | None, encoder: Encoder, layer_forward) -> torch.Tensor:
