@@ -158,8 +158,12 @@ print(f"correct  : {sum(p == w for p, w in zip(cheat, target))} of {L}")
 # float mask of 0 and `-inf` instead of booleans.
 #
 # <details><summary>Hint 1 — the idea</summary>Entry <code>[i, j]</code> answers "may query i see key j?": yes when j ≤ i. Shade those cells of a 3 × 3 grid: they form a triangle, and the diagonal belongs to it.</details>
-# <details><summary>Hint 2 — the plan</summary>Start from a <code>[size, size]</code> boolean matrix that is True everywhere, and keep one of its triangles: <code>torch.tril</code> keeps the lower one and <code>torch.triu</code> the upper one, and their <code>diagonal</code> argument says where the triangle starts. Print your answer for size 3 and compare it with the worked example before running the check.</details>
-# <details><summary>Hint 3 — one key expression</summary>The all-True matrix: <code>torch.ones(size, size, dtype=torch.bool)</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>Start from a <code>[size, size]</code> boolean matrix that is True
+# everywhere, and keep its lower triangle, the diagonal included: the entries with a column number at most the row
+# number. Print your answer for size 3 and compare it with the worked example before running the check.</details>
+# <details><summary>Hint 3 — the key step</summary>The page to read: torch.tril, and its <code>diagonal</code> argument.
+# On a toy, <code>torch.tril(torch.arange(1, 10).view(3, 3))</code> is <code>[[1, 0, 0], [4, 5, 0], [7, 8, 9]]</code>.
+# Which dtype must your mask have, and what does the same call do to a matrix of True?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "make_causal_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def make_causal_mask(size: int) -> torch.Tensor:
@@ -336,7 +340,10 @@ print(tgt)
 #
 # <details><summary>Hint 1 — the idea</summary>A token is real when its id differs from <code>pad_id</code>: one comparison gives <code>[batch, seq]</code> booleans. Then give them the layout of the scores they will meet: keys on the last axis, size 1 on the heads and query axes.</details>
 # <details><summary>Hint 2 — the plan</summary>Two steps. Compare <code>tokens</code> with <code>pad_id</code>: <code>[batch, seq]</code> booleans, True at the real tokens. Then insert two size-1 axes between the batch and the keys, to reach <code>[batch, 1, 1, seq]</code> (indexing with <code>None</code> inserts an axis, and so does <code>unsqueeze</code>).</details>
-# <details><summary>Hint 3 — one key expression</summary>From <code>real</code>, <code>[batch, seq]</code>, to the per-head layout: <code>real[:, None, None, :]</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>On a toy: for <code>t = torch.tensor([[5, 0]])</code>, of shape
+# <code>[1, 2]</code>, <code>t[:, None].shape</code> is <code>[1, 1, 2]</code>: each <code>None</code> in an index adds
+# an axis of size 1 where it stands. How many, and where, take <code>[batch, seq]</code> to <code>[batch, 1, 1,
+# seq]</code>?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "make_padding_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def make_padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -498,7 +505,10 @@ except ValueError as err:
 #
 # <details><summary>Hint 1 — the idea</summary>Two rules, and a key must pass both: that is a logical AND of two boolean masks. Broadcasting lines the causal grid up with every sentence's padding row.</details>
 # <details><summary>Hint 2 — the plan</summary>Shapes: the causal mask <code>[L, L]</code>, with <code>L</code> the length of the decoder's input; the padding mask <code>[batch, 1, 1, L]</code>; combined, they broadcast to <code>[batch, 1, L, L]</code>. <code>make_causal_mask_impl</code> and <code>make_padding_mask_impl</code> make the two ingredients.</details>
-# <details><summary>Hint 3 — one key expression</summary>The operator that keeps a key only when <em>both</em> masks allow it: <code>causal &amp; real</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>On a toy: a row <code>torch.tensor([True, True, False])</code> and a
+# column <code>torch.tensor([[True], [False]])</code> combined by the logical AND operator broadcast to <code>[[True,
+# True, False], [False, False, False]]</code>, shape <code>[2, 3]</code>. And one question: on which device must the
+# causal mask be made, so that it can meet the padding mask? (The <code>device</code> argument of torch.ones.)</details>
 
 # %% nbgrader={"grade": false, "grade_id": "combine_decoder_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def combine_decoder_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -605,7 +615,10 @@ print("source padding mask, one head :", list(src_mask_1head.shape), "->", src_m
 #
 # <details><summary>Hint 1 — the idea</summary>The recipe of chapter 02's self-attention, with the sources changed: the decoder asks, the encoder's memory answers. And no causal mask: the whole source exists before decoding starts.</details>
 # <details><summary>Hint 2 — the plan</summary>Shapes: <code>q</code> <code>[batch, T, d_k]</code> from <code>x</code>; <code>k</code> <code>[batch, S, d_k]</code> and <code>v</code> <code>[batch, S, d_v]</code> from <code>memory</code>; the scores <code>[batch, T, S]</code>, divided by the square root of <code>d_k</code> (the width of the queries and keys, not <code>d_model</code>); the mask <code>[batch, 1, S]</code> broadcasts over the rows and hides its keys before the softmax over the keys; the output, the weights times <code>v</code>, is <code>[batch, T, d_v]</code>.</details>
-# <details><summary>Hint 3 — one key expression</summary>The scaled scores: <code>q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])</code>.</details>
+# <details><summary>Hint 3 — the key step</summary>Check the shapes before the numbers: with T = 2 target positions and
+# S = 5 source positions, the weights must be <code>[batch, 2, 5]</code>, every row summing to 1. If you get
+# <code>[batch, 2, 2]</code> or <code>[batch, 5, 5]</code>, which input did the keys come from? And the mask is True for
+# the keys to keep, while torch.Tensor.masked_fill fills where <em>its</em> mask is True.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "cross_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def cross_attention(x, memory, w_q, w_k, w_v, mask=None):
@@ -861,8 +874,14 @@ print("step 2, empty rows zeroed:\n", step2)
 # You may use `torch.softmax` or the `softmax` of chapter 02 (imported above).
 #
 # <details><summary>Hint 1 — the idea</summary>Hidden scores must become so negative that their exponential is 0, yet stay finite, so that a row whose keys are all hidden does not compute −∞ − (−∞). Such a row then comes out uniform: set it to zero at the end.</details>
-# <details><summary>Hint 2 — the plan</summary>Three steps, every tensor <code>[..., L_q, L_k]</code>. Fill the hidden scores with the most negative finite number of their dtype (<code>torch.finfo</code> knows it). Take the softmax over the keys, the last dimension. Set to zero the rows of the queries that see no key at all: the mask reduced with <code>any</code> over the keys, keeping that axis, is <code>[..., L_q, 1]</code> and False exactly for them.</details>
-# <details><summary>Hint 3 — one key expression</summary>The fill: <code>scores.masked_fill(~mask, torch.finfo(scores.dtype).min)</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>Three steps, every tensor <code>[..., L_q, L_k]</code>: hide the
+# forbidden scores with a very negative but finite number, normalise over the keys (the last dimension) with the maximum
+# subtracted, then clear the rows of the queries that see no key at all. Those rows are found by asking of the mask, for
+# every query, whether at least one key is visible: a <code>[..., L_q, 1]</code> answer, False exactly for
+# them.</details>
+# <details><summary>Hint 3 — the key step</summary>The pages to read: torch.finfo (its <code>min</code> is the most
+# negative finite number of a dtype, -65504 for float16) and torch.Tensor.any. Why not minus infinity? Try a toy row of
+# two hidden scores, both minus infinity: minus its own maximum it is inf - inf, NaN.</details>
 
 # %% nbgrader={"grade": false, "grade_id": "masked_softmax", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -1046,13 +1065,14 @@ print("visible keys per query, left padding:", combine_decoder_mask_impl(left_pa
 # each sub-layer as a small function of one tensor, <code>[batch, T, d_model]</code> in and out, with its dropout
 # applied to its output, and wrap each in Add &amp; Norm. Only the middle one looks at the memory, and only the
 # first one needs the causal mask.</details>
-# <details><summary>Hint 2 — the plan</summary>Three steps, each replacing <code>x</code>. First Add &amp; Norm with
-# <code>layer.norm1</code> around the masked self-attention: the decoder's stream as query, key and value, with
-# <code>tgt_mask</code>. Then Add &amp; Norm with <code>layer.norm2</code> around the cross-attention: the stream as the
-# query, the memory as key and value, with <code>src_mask</code>. Last, Add &amp; Norm with <code>layer.norm3</code>
-# around the FFN. In pre-norm only the decoder's stream is normalised before a sub-layer, never the memory.</details>
-# <details><summary>Hint 3 — one key expression</summary>The cross-attention as a function of the decoder's stream:
-# <code>lambda y: layer.dropout2(layer.cross_attn(y, memory, memory, src_mask))</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>Three residual steps, each replacing <code>x</code>: the masked
+# self-attention (the decoder's stream as query, key and value, with the target's mask), the cross-attention (the stream
+# asks, the memory answers as key and value, with the source's mask), and the FFN; each has its own norm and dropout,
+# numbered in that order. In pre-norm only the decoder's stream is normalised before a sub-layer, never the
+# memory.</details>
+# <details><summary>Hint 3 — the key step</summary>The question that unlocks it: the cross-attention is a function of
+# the decoder's stream alone, so how does it get the memory and the source's mask from the enclosing function (a nested
+# <code>def</code> or a <code>lambda</code>)? And which of the attention module's three inputs are the memory?</details>
 
 # %% nbgrader={"grade": false, "grade_id": "decoder_layer_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def decoder_layer_forward(x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor | None,
