@@ -1,7 +1,7 @@
 """The instructor's commands: release the chapters, grade every submission.
 
     python autograder/course.py release [CHAPTER ...]
-    python autograder/course.py grade [--root DIR] [--cell-timeout S] [--jobs N] [--scheduler ADDRESS]
+    python autograder/course.py grade [--root DIR] [--cell-timeout S] [--jobs N] [--scheduler ADDRESS] [--all]
 
 Both drive real nbgrader (generate_assignment, autograde, generate_feedback, export). `grade`
 treats every submission as hostile:
@@ -17,7 +17,10 @@ treats every submission as hostile:
   outputs read back defensively; answers that use the reference or a forbidden API score 0 for
   that test (autograder/policy.py);
 * a report that says why a cell scored zero (a deleted test cell, an unreadable notebook, a
-  hang, a dead kernel, a malformed outputs file, the policy), instead of a silent gap.
+  hang, a dead kernel, a malformed outputs file, the policy), instead of a silent gap;
+* a later submission replaces the earlier one (nbgrader collect --update replaces its folder), and
+  a run grades only the submissions new or changed since the last one: the others keep their
+  grades and feedback (autograder/regrade.py: the record, and when it holds); `--all` grades all.
 """
 
 from __future__ import annotations
@@ -492,6 +495,8 @@ class Report:
     seconds: dict = field(default_factory=dict)  # (student, chapter) -> seconds the job took
     timings: dict = field(default_factory=dict)  # (student, chapter) -> {phase: seconds} of that job
     faults: list = field(default_factory=list)  # the grader's own failures, one line each (make grade exits 1)
+    graded: set = field(default_factory=set)  # (student, chapter) graded by a job in this run
+    kept: set = field(default_factory=set)  # (student, chapter) unchanged since the last run: grade and feedback kept
 
     def note(self, student: str, chapter: str, text: str) -> None:
         self.notes.setdefault((student, chapter), []).append(text)
@@ -525,7 +530,8 @@ def executor(jobs: int | None = None, scheduler=None):
             client.close()
 
 
-GRADER_MODULES = ["isolation", "hiding", "policy", "sanitize", "feedback", "sandboxed_kernel", "sandbox_runner", "jobs"]
+GRADER_MODULES = ["isolation", "hiding", "policy", "sanitize", "feedback", "sandboxed_kernel", "sandbox_runner",
+                  "frames", "judging", "rerun", "driver", "forkserver", "jobs"]
 
 
 def _importable() -> bool:
@@ -548,11 +554,18 @@ def _ship_code(client) -> None:
 
 
 def grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, scheduler=None,
-          isolation_mode: str | None = None, limits: dict | None = None, log=None) -> Report:
-    """Grade every submission: one isolated job per submission and chapter, in parallel (or on a
-    Dask cluster); this process alone writes the gradebook, grades.csv, report.csv and feedback."""
+          isolation_mode: str | None = None, limits: dict | None = None, log=None,
+          regrade_all: bool = False) -> Report:
+    """Grade every submission that is new or changed since the last run: one isolated job per
+    submission and chapter, in parallel (or on a Dask cluster); this process alone writes the
+    gradebook, grades.csv, report.csv, the feedback and the record of what it graded
+    (autograder/regrade.py says when a submission keeps its grade without a job). `regrade_all`
+    (`course.py grade --all`) grades every submission, whatever the record says."""
+    import time
+
     import isolation
     import jobs as grading_jobs
+    import regrade
 
     log = log or (lambda text: None)
     report = Report()
@@ -561,25 +574,66 @@ def grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, sche
     report.guarantees = _check_isolation(course, iso)
     chapters = course.chapters()
     students = course.students()
+    record_file = regrade.record_path(course.root)
+    record = regrade.empty() if regrade_all else regrade.load(record_file, log)
+    present, digest_of, saved = None, {}, [time.monotonic()]
+
+    def save_record(final: bool = False) -> None:  # what is merged so far, so an interrupted run keeps it
+        if present is None or (not final and time.monotonic() - saved[0] < 30):
+            return
+        try:
+            if final:
+                regrade.keep_only(record, present)  # a submission gone from submitted/ drops out
+            regrade.save(record_file, record)
+            saved[0] = time.monotonic()
+        except Exception as exc:  # the grades stand; the next run grades everything again
+            log(f"the record of what was graded could not be written ({_one_line(exc)})")
+
     try:
         submissions = {(s, c): course.submitted / s / c / f"{c}.ipynb" for s in students for c in chapters}
         for (student, chapter), path in submissions.items():
             if not path.exists() and (course.submitted / student / chapter).exists():
                 report.note(student, chapter, f"no {chapter}.ipynb in the submission folder")
-        present = {key: path for key, path in submissions.items() if path.is_file()}
         cache = grader_cache(course) / "libraries"
+        raws, kit_digests = {}, {}
+        for chapter in chapters:
+            try:
+                kit_digests[chapter] = kit_digest(course, chapter)
+            except Exception:  # prepare_chapter will say what is wrong: grade this chapter
+                kit_digests[chapter] = None
+        for key, path in submissions.items():
+            if path.is_file():
+                raws[key], sha = _read_submission(path)
+                if sha and kit_digests[key[1]]:
+                    digest_of[key] = regrade.Digest(sha, regrade.grading_digest(
+                        kit_digests[key[1]], cell_timeout, limits, iso.mode))
+        kept, in_gradebook = ({}, set()) if regrade_all else _unchanged(course, record, digest_of, log)
+        for key, entry in kept.items():  # their grade, notes and feedback stay as the last run left them
+            for text in entry.get("notes", []):
+                report.note(*key, text)
+            report.scores[key] = (entry["score"], entry["max_score"])
+            raws.pop(key)
+        report.kept = set(kept)
+        present = {key: submissions[key] for key in raws.keys() | kept.keys()}
 
         def prepare(chapter):
             return prepare_chapter(course, chapter, cache)
 
         # Record the assignments (cells, checksums) in the gradebook without touching chapters/,
-        # while each chapter's kit is built alongside.
-        wanted = [c for c in chapters if any(c == key[1] for key in present)]
+        # while each chapter's kit is built alongside: the chapters with submissions to grade, and
+        # any whose content changed since the last run recorded it (or that the gradebook lacks).
+        wanted = [c for c in chapters if any(c == key[1] for key in raws)]
+        to_release = [c for c in chapters if c in wanted or c not in in_gradebook or kit_digests[c] is None
+                      or record["released"].get(c) != kit_digests[c]]
         kits, failed = {}, {}
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs or default_jobs())) as setup:
             kit_futures = {c: setup.submit(prepare, c) for c in wanted}
             try:
-                release(course, chapters, release_dir=os.path.join("autograder", ".release"))
+                if to_release:
+                    for chapter in to_release:
+                        record["released"].pop(chapter, None)
+                    release(course, to_release, release_dir=os.path.join("autograder", ".release"))
+                    record["released"].update({c: kit_digests[c] for c in to_release if kit_digests[c]})
             except Exception as exc:  # no chapter can be recorded in the gradebook: none is graded
                 failed = {c: f"recording the assignments in the gradebook failed ({_one_line(exc)})" for c in wanted}
             for chapter, future in kit_futures.items():
@@ -590,27 +644,29 @@ def grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, sche
         for chapter, why in failed.items():
             kits.pop(chapter, None)
             report.faults.append(why)
-            for (student, other) in present:
+            for (student, other) in raws:
                 if other == chapter:
                     report.note(student, chapter, f"not graded: the grader itself failed: {why}; every test "
                                                   "scored 0 until the instructor fixes it and grades again")
                     report.scores[(student, chapter)] = (0.0, _max_points(course, chapter))
+                    regrade.drop(record, (student, chapter))  # graded by the next run
         specs = []
-        for (student, chapter), path in present.items():
+        for (student, chapter), raw in sorted(raws.items()):
             if chapter in failed:
                 continue
-            try:
-                raw = path.read_bytes() if path.stat().st_size <= 64 * 2**20 else b"\0" * (64 * 2**20 + 1)
-            except OSError as exc:
-                raw = f"unreadable: {exc}".encode()
             specs.append(grading_jobs.JobSpec(student=student, chapter=chapter, submission=raw, kit=kits[chapter],
                                               cell_timeout=cell_timeout, limits=limits or {}, cache_dir=str(cache),
                                               isolation=iso.mode))
         # Honest work first: order does not change a score, it makes progress easy to follow.
         held = [name for name, (ok, _) in report.guarantees.items() if ok]
         missing = [f"{name} ({detail})" for name, (ok, detail) in report.guarantees.items() if not ok]
+        raws.clear()  # the specs hold the bytes now
         log(f"{report.isolation}\nchecked inside a sandbox: {', '.join(held) or 'nothing'}"
             + (f"\nWARNING, not given here: {'; '.join(missing)}" if missing else "")
+            + f"\ngrading {len(present)} submissions ("
+            + ("--all: every one graded again, whatever the last run recorded" if regrade_all else
+               f"{len(present) - len(kept)} new or changed; {len(kept)} unchanged since the last run keep their "
+               "grades and feedback") + ")"
             + f"\ngrading {len(specs)} submissions with "
             f"{'the Dask cluster at ' + str(getattr(scheduler, 'scheduler', scheduler)) if scheduler is not None else str(jobs or default_jobs()) + ' parallel jobs'}")
         from nbgrader.api import Gradebook
@@ -634,8 +690,17 @@ def grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, sche
                               "scores": {t.grade_id: [0.0, t.points] for t in spec.kit.tests}, "comments": {},
                               "flags": [], "autograded": None, "feedback": None, "seconds": 0.0}
                 _merge(course, gb, result, report)
-                report.timings[(spec.student, spec.chapter)] = dict(result.get("timings", {}))
-                score, max_score = report.scores[(spec.student, spec.chapter)]
+                key = (spec.student, spec.chapter)
+                report.graded.add(key)
+                report.timings[key] = dict(result.get("timings", {}))
+                score, max_score = report.scores[key]
+                if result.get("status") == "error" or key not in digest_of:  # the grader's failure: graded again next run
+                    regrade.drop(record, key)
+                else:  # after its gradebook rows and files are written
+                    regrade.put(record, key, digest_of[key], result, score, max_score, report.notes.get(key, []),
+                                course.feedback / spec.student / spec.chapter / f"{spec.chapter}.html",
+                                course.autograded / spec.student / spec.chapter / f"{spec.chapter}.ipynb")
+                    save_record()
                 parts = ", ".join(f"{k} {v:.0f}" for k, v in result.get("timings", {}).items())
                 log(f"[{done}/{len(specs)}] {spec.student} / {spec.chapter}: {score:g}/{max_score:g} "
                     f"({result.get('seconds', 0):.0f} s{': ' + parts if parts else ''})")
@@ -643,8 +708,63 @@ def grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, sche
                 if (student, chapter) not in report.scores and chapter in chapters:
                     report.scores[(student, chapter)] = (0.0, gb.find_assignment(chapter).max_score)
     finally:
+        save_record(final=True)
         _export(course, report, chapters, students)
     return report
+
+
+def _read_submission(path: Path) -> tuple[bytes, str | None]:
+    """A submission's bytes as its job gets them, and the sha256 of the file (None: unreadable, never
+    counted unchanged). Past 64 MiB the job gets a stand-in that it rejects; the digest is still the file's."""
+    import hashlib
+
+    limit = 64 * 2**20
+    try:
+        if path.stat().st_size <= limit:
+            raw = path.read_bytes()
+            return raw, hashlib.sha256(raw).hexdigest()
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(2**20), b""):
+                digest.update(block)
+        return b"\0" * (limit + 1), digest.hexdigest()
+    except OSError as exc:
+        return f"unreadable: {exc}".encode(), None
+
+
+def _unchanged(course: Course, record: dict, digest_of: dict, log) -> tuple[dict, set]:
+    """The submissions that keep their grade without a job, with their record entries (regrade.py:
+    the same bytes and grading digest, their feedback page and autograded notebook still there, the
+    gradebook still holding them at the recorded score); and the assignments the gradebook holds."""
+    import warnings
+
+    import regrade
+
+    candidates = {}
+    for key, digest in digest_of.items():
+        entry = regrade.lookup(record, key)
+        student, chapter = key
+        if regrade.unchanged(record, key, digest) and regrade.files_intact(
+                entry, course.feedback / student / chapter / f"{chapter}.html",
+                course.autograded / student / chapter / f"{chapter}.ipynb"):
+            candidates[key] = entry
+    if not (course.root / "autograder" / "gradebook.db").exists():
+        return {}, set()
+    from nbgrader.api import Gradebook
+
+    scores = {}
+    try:
+        with warnings.catch_warnings(), Gradebook(course.db_url, "transformer-course") as gb:
+            warnings.simplefilter("ignore")
+            assignments = {a.name for a in gb.assignments}
+            for chapter in sorted({c for _, c in candidates} & assignments):
+                scores[chapter] = {row["student"]: row["score"] for row in gb.submission_dicts(chapter)}
+    except Exception as exc:  # an unreadable gradebook: grade everything into it again
+        log(f"the gradebook could not be read ({_one_line(exc)}): grading every submission")
+        return {}, set()
+    kept = {key: entry for key, entry in candidates.items()
+            if key[0] in scores.get(key[1], {}) and abs(float(scores[key[1]][key[0]]) - entry["score"]) <= 1e-6}
+    return kept, assignments
 
 
 def _one_line(exc: BaseException) -> str:
@@ -795,6 +915,9 @@ def main(argv=None) -> int:
                     help="a Dask scheduler address (tcp://host:8786): run the jobs on that cluster")
     gr.add_argument("--isolation", choices=["auto", "bwrap", "unshare", "rlimits"], default=None,
                     help="force an isolation mode (default: the strongest this machine allows)")
+    gr.add_argument("--all", action="store_true",
+                    help="grade every submission again (default: only those new or changed since the last run; "
+                         "the others keep their grades and feedback)")
     args = parser.parse_args(argv)
     course = Course(args.root.resolve())
     if args.command == "release":
@@ -810,7 +933,7 @@ def main(argv=None) -> int:
         print(f"no submissions under {course.submitted}: put them in {course.submitted}/STUDENT/CHAPTER/CHAPTER.ipynb")
         return 0
     report = grade(course, args.cell_timeout, jobs=args.jobs, scheduler=args.scheduler,
-                   isolation_mode=args.isolation, log=lambda text: print(text, flush=True))
+                   isolation_mode=args.isolation, log=lambda text: print(text, flush=True), regrade_all=args.all)
     graded = [c for c in course.chapters() if any((s, c) in report.scores for s in students)]
     print(format_table(report, graded, students))  # the chapters someone submitted, not all twelve
     print(f"\n{report.isolation}")
