@@ -35,7 +35,7 @@ FORCE    ?=
 test test-fast test-python notebooks grade: export OMP_NUM_THREADS = 1
 
 
-.PHONY: help venv venv-grade venv-test browser sandbox lab formgrader test test-fast test-python notebooks release grade check clean-grading
+.PHONY: help venv venv-grade venv-hub venv-test browser sandbox lab formgrader test test-fast test-python notebooks release grade check clean-grading hub hub-release collect hub-feedback hub-remove-accounts
 
 help:
 	@echo "make lab        the learner's JupyterLab on chapters/ (sets up .venv first)"
@@ -45,12 +45,16 @@ help:
 	@echo "make notebooks  rebuild and execute solutions/*/*.ipynb from their jupytext .py sources"
 	@echo "make release    regenerate chapters/ from solutions/ (nbgrader generate_assignment)"
 	@echo "make grade      autograde autograder/submitted/ in the sandbox, write feedback, export grades (JOBS=N, SCHEDULER=tcp://...)"
+	@echo "                only what is new or changed since the last run; FORCE=1 grades everything again"
+	@echo "sudo make hub ROSTER=roster.csv   a class's JupyterHub on this server (deploy/hub; README: Running a class)"
+	@echo "sudo make hub-release | collect | hub-feedback   the term's steps through nbgrader's exchange (CHAPTERS=...)"
 
 # Three installs from pyproject.toml, each a superset of the one before: the learner's lab
 # (`make lab`: the course and JupyterLab), the grader's (`make grade`: + Dask), the maintainer's
 # (`make test`, `make notebooks`: + pytest, nbval, jupytext, the browser robot, transformers).
 venv: $(STAMP)-lab
 venv-grade: $(STAMP)-grade
+venv-hub: $(STAMP)-hub
 venv-test: $(STAMP)-test
 
 $(STAMP)-lab: pyproject.toml
@@ -66,7 +70,11 @@ $(STAMP)-grade: $(STAMP)-lab
 	$(PY) -m pip install --quiet -e ".[grade]"
 	@touch $@
 
-$(STAMP)-test: $(STAMP)-grade
+$(STAMP)-hub: $(STAMP)-grade
+	$(PY) -m pip install --quiet -e ".[hub]"
+	@touch $@
+
+$(STAMP)-test: $(STAMP)-hub
 	$(PY) -m pip install --quiet -e ".[test]"
 	@touch $@
 
@@ -90,7 +98,13 @@ formgrader: venv
 # The suite's notebooks speak English whatever the shell says (transformer_lib/language.py reads these).
 TEST_ENV := env -u COURSE_LANG -u JPY_SESSION_NAME
 
-test: venv-test browser sandbox
+# The hub test (tests/test_hub.py) runs JupyterHub's proxy, configurable-http-proxy, from npm.
+proxy:
+	@test -x deploy/hub/state/proxy/node_modules/.bin/configurable-http-proxy || { \
+	  if command -v npm >/dev/null 2>&1; then npm install --no-audit --no-fund --silent --prefix deploy/hub/state/proxy configurable-http-proxy@5.3.0; \
+	  else echo "npm is not installed: the hub test will be skipped"; fi; }
+
+test: venv-test browser sandbox proxy
 	$(TEST_ENV) $(PY) -m pytest -p no:cacheprovider -n 2 --dist loadfile --nbval --nbval-current-env --nbval-cell-timeout=300 --durations=25 tests solutions
 
 test-fast: venv-test
@@ -120,14 +134,38 @@ sandbox:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
 	  else echo "bubblewrap is not installed and cannot be installed here: grading falls back to weaker isolation"; fi; }
 
-# make grade [JOBS=N] [SCHEDULER=tcp://host:8786] [CELL_TIMEOUT=S]: N parallel jobs (default: all
-# cores), or the jobs on a Dask cluster; one process writes the gradebook either way.
+# make grade [JOBS=N] [SCHEDULER=tcp://host:8786] [CELL_TIMEOUT=S] [FORCE=1]: N parallel jobs (default:
+# all cores), or the jobs on a Dask cluster; one process writes the gradebook either way. Only the
+# submissions that are new or changed since the last run are graded (autograder/graded.json); FORCE=1
+# grades every one again.
 JOBS         ?=
 SCHEDULER    ?=
 CELL_TIMEOUT ?=
 grade: venv-grade sandbox
-	$(PY) autograder/course.py grade $(if $(JOBS),--jobs $(JOBS),) $(if $(SCHEDULER),--scheduler $(SCHEDULER),) \
+	$(PY) autograder/course.py grade $(if $(FORCE),--all,) $(if $(JOBS),--jobs $(JOBS),) $(if $(SCHEDULER),--scheduler $(SCHEDULER),) \
 	  $(if $(CELL_TIMEOUT),--cell-timeout $(CELL_TIMEOUT),)
 
+# A class on this server (deploy/hub/classhub.py; README "Running a class"). As root: each person's
+# server runs as their own Unix account. ROSTER: a CSV with login,name,role,language.
+ROSTER   ?=
+HUB_PORT ?= 8000
+SPAWNER  ?= local
+AUTH     ?= firstuse
+hub: venv-hub sandbox
+	@test -n "$(ROSTER)" || { echo "make hub needs ROSTER=path/to/roster.csv (columns login,name,role,language; see deploy/hub/roster.example.csv)"; exit 1; }
+	$(PY) deploy/hub/classhub.py serve --roster $(ROSTER) --port $(HUB_PORT) --spawner $(SPAWNER) --auth $(AUTH)
+
+hub-release: venv-hub
+	$(PY) deploy/hub/classhub.py release $(CHAPTERS)
+
+collect: venv-hub
+	$(PY) deploy/hub/classhub.py collect $(CHAPTERS)
+
+hub-feedback: venv-hub
+	$(PY) deploy/hub/classhub.py feedback $(CHAPTERS)
+
+hub-remove-accounts:
+	$(PY) deploy/hub/classhub.py remove-accounts
+
 clean-grading:
-	rm -rf autograder/autograded autograder/feedback autograder/gradebook.db autograder/grades.csv autograder/report.csv autograder/.release autograder/.sandbox
+	rm -rf autograder/autograded autograder/feedback autograder/gradebook.db autograder/grades.csv autograder/report.csv autograder/.release autograder/.sandbox autograder/graded.json

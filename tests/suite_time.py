@@ -18,7 +18,7 @@ from collections import defaultdict
 
 # (part, how a test's node id starts): the first match wins.
 PARTS = [
-    ("browser", ("tests/test_browser.py", "tests/test_lab.py", "tests/test_release_runs.py")),
+    ("browser", ("tests/test_browser.py", "tests/test_lab.py", "tests/test_release_runs.py", "tests/test_hub.py")),
     ("nbval", ("solutions/",)),
     ("other CPUs", ("tests/test_other_cpus",)),
     ("grading", ("tests/test_grading", "tests/test_sandbox.py")),

@@ -34,7 +34,14 @@ ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "kubernetes"
 IMAGE_COURSE = "/opt/course"  # where the image holds the course (Dockerfile's WORKDIR)
 EXCHANGE = "/srv/nbgrader/exchange"
-SECTION = K8S / "README-section.md"
+
+
+def readme_section() -> str:
+    """README.md's "Running a class", where an instructor reads the image's install command."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Running a class")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
 
 
 def values() -> dict:
@@ -270,7 +277,7 @@ def check_no_formgrader(resolved: dict) -> None:
 
 def readme_install_command(text: str) -> str:
     lines = [ln for ln in text.splitlines() if "# what the image runs" in ln]
-    assert len(lines) == 1, "README-section.md must show the image's install command once, marked '# what the image runs'"
+    assert len(lines) == 1, "README's Running a class must show the image's install command once, marked '# what the image runs'"
     return lines[0].split("# what the image runs")[0].strip()
 
 
@@ -410,19 +417,17 @@ def test_grading_cluster_spec(tmp_path):
     assert {"course-role": "instructor"} in [s.get("podSelector", {}).get("matchLabels") for s in sources]
     # The printed YAML is what `kubectl apply` gets; the README's command uses the same scheduler address.
     assert grading.main(["--image", image]) == 0
-    readme = (K8S / "README.md").read_text() + SECTION.read_text()
+    readme = (K8S / "README.md").read_text() + readme_section()
     address = f"tcp://{grading.NAME}-scheduler.grading:{grading.SCHEDULER_PORT}"
     assert f"make grade VENV={IMAGE_COURSE}/.venv SCHEDULER={address}" in readme
 
 
 def test_dockerfile_installs_with_the_readme_command_and_image_names_match():
     dockerfile = (K8S / "Dockerfile").read_text()
-    section = SECTION.read_text()
+    section = readme_section()
     command = dockerfile_install_command(dockerfile)
     assert command == readme_install_command(section)
-    readme = ROOT / "README.md"
-    if "## Running a class" in readme.read_text():  # once the section is merged into README.md
-        assert command == readme_install_command(readme.read_text())
+    assert command == readme_install_command((ROOT / "README.md").read_text())  # and only there in README
     assert command.startswith("make venv-grade ")
     assert re.search(r"^venv-grade:", (ROOT / "Makefile").read_text(), re.M)
     assert '".[hub]"' in command and "jupyterhub==" in (ROOT / "pyproject.toml").read_text()
@@ -472,7 +477,7 @@ def test_the_checks_catch_wrong_configurations(offline_kubespawner, tmp_path):
     # The Dockerfile installing something else than the README says.
     with pytest.raises(AssertionError):
         assert dockerfile_install_command("FROM x\nRUN make venv && pip install nbgrader\n") == \
-            readme_install_command(SECTION.read_text())
+            readme_install_command(readme_section())
 
     # A grading cluster on the stock Dask image, or without the sandbox's privileges.
     spec_mod = importlib.util.spec_from_file_location("grading_cluster", K8S / "grading_cluster.py")

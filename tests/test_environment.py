@@ -104,9 +104,11 @@ def test_the_learners_install_holds_no_grader_or_test_tool():
         assert tool not in core, f"{tool} is in the learner's install (make lab); it belongs in an extra"
 
 
-def test_the_test_extra_includes_the_graders():
+def test_the_test_extra_includes_the_graders_and_the_hub():
     extras = load_pyproject()["project"]["optional-dependencies"]
-    assert "transformer_lib[grade]" in extras["test"], "make test grades submissions: the test extra needs [grade]"
+    assert "transformer_lib[grade,hub]" in extras["test"], \
+        "make test grades submissions and runs a class hub: the test extra needs [grade,hub]"
+    assert "transformer_lib[grade]" in extras["hub"], "make hub's instructors grade: the hub extra needs [grade]"
 
 
 def test_environment_installs_the_library_itself():

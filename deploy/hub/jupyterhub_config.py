@@ -1,0 +1,117 @@
+"""JupyterHub's configuration for a class on one server; `make hub` starts the hub with it.
+
+It reads the class that deploy/hub/classhub.py prepared (`$HUB_STATE/class.json`: the roster, the
+course, the exchange, the port) and sets:
+
+* the hub's state in `$HUB_STATE/secrets` (its SQLite database, cookie secret, proxy token and
+  first-use passwords; 0700, never committed);
+* the standard proxy, configurable-http-proxy, installed by `make hub` under `$HUB_STATE/proxy`;
+* login: FirstUseAuthenticator (each person sets a password on their first login; only the
+  roster's logins are let in), or LTI 1.3 from an LMS (`AUTH=lti13`: the settings in
+  `$HUB_STATE/lti13.json`, see README "Running a class");
+* groups `instructors` and `students`; instructors are the hub's admins;
+* each person's server runs as their own Unix account (LocalProcessSpawner, or SystemdSpawner with
+  per-user memory and CPU limits, `SPAWNER=systemd`), on the course's virtual environment: a
+  student gets the learner's lab of `make lab` in their roster language with nbgrader's
+  Assignments tab, an instructor gets Formgrader on the course folder.
+"""
+
+import json
+import os
+import pwd
+import shutil
+from pathlib import Path
+
+c = get_config()  # noqa: F821 (provided by traitlets when JupyterHub loads this file)
+
+STATE = Path(os.environ["HUB_STATE"])
+CLASS = json.loads((STATE / "class.json").read_text())
+SECRETS = STATE / "secrets"
+ROOT, VENV = Path(CLASS["root"]), Path(CLASS["venv"])
+PEOPLE = {person["login"]: person for person in CLASS["people"]}
+INSTRUCTORS = sorted(login for login, p in PEOPLE.items() if p["role"] == "instructor")
+STUDENTS = sorted(login for login, p in PEOPLE.items() if p["role"] == "student")
+
+# -- the hub and its proxy ---------------------------------------------------------------------------
+c.JupyterHub.ip = CLASS["ip"]
+c.JupyterHub.port = CLASS["port"]
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = CLASS.get("hub_port", 8081)
+c.ConfigurableHTTPProxy.command = [CLASS["proxy"]]
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{CLASS.get('proxy_api_port', 8001)}"
+c.ConfigurableHTTPProxy.pid_file = str(SECRETS / "proxy.pid")
+c.JupyterHub.db_url = f"sqlite:///{SECRETS / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(SECRETS / "jupyterhub_cookie_secret")
+c.JupyterHub.pid_file = str(SECRETS / "jupyterhub.pid")
+c.JupyterHub.cleanup_servers = True  # a stopped hub stops the class's servers too
+
+# -- who may log in ----------------------------------------------------------------------------------
+if CLASS["auth"] == "lti13":
+    c.JupyterHub.authenticator_class = "ltiauthenticator.lti13.auth.LTI13Authenticator"
+    for name, value in json.loads((STATE / "lti13.json").read_text()).items():
+        setattr(c.LTI13Authenticator, name, value)
+else:
+    c.JupyterHub.authenticator_class = "firstuseauthenticator.FirstUseAuthenticator"
+    c.FirstUseAuthenticator.dbm_path = str(SECRETS / "passwords.dbm")
+    c.FirstUseAuthenticator.create_users = False  # only the roster's logins (created below) may log in
+    c.FirstUseAuthenticator.min_password_length = 8
+c.Authenticator.allowed_users = set(PEOPLE)
+c.Authenticator.admin_users = set(INSTRUCTORS)
+c.JupyterHub.load_groups = {"instructors": {"users": INSTRUCTORS}, "students": {"users": STUDENTS}}
+
+# -- each person's server --------------------------------------------------------------------------
+if CLASS["spawner"] == "systemd":
+    c.JupyterHub.spawner_class = "systemdspawner.SystemdSpawner"
+    c.SystemdSpawner.dynamic_users = False  # the roster's own Unix accounts
+    c.SystemdSpawner.mem_limit = os.environ.get("HUB_MEM_LIMIT", "4G")
+    c.SystemdSpawner.cpu_limit = float(os.environ.get("HUB_CPU_LIMIT", "2"))
+    c.SystemdSpawner.isolate_tmp = True
+    c.SystemdSpawner.disable_user_sudo = True
+else:
+    c.JupyterHub.spawner_class = "jupyterhub.spawner.LocalProcessSpawner"
+c.Spawner.cmd = [CLASS["python"], "-m", "jupyterhub.singleuser"]
+c.Spawner.start_timeout = 120
+c.Spawner.http_timeout = 120
+c.Spawner.environment = {
+    "PATH": f"{Path(CLASS['python']).parent}:{VENV / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+    "OMP_NUM_THREADS": os.environ.get("HUB_THREADS_PER_USER", "2"),  # a shared server: two cores a learner
+    "PYTHONHASHSEED": "0",
+}
+
+
+def start_page(language: str) -> Path:
+    return ROOT / "deploy" / "hub" / ("start.zh.md" if language == "zh" else "start.md")
+
+
+def prepare_server(spawner):
+    """Pick the person's kind of server, and give a student's home its start page."""
+    person = PEOPLE[spawner.user.name]
+    if person["role"] == "instructor":
+        config = STATE / "config" / "instructor"
+        spawner.notebook_dir = str(ROOT)
+        spawner.default_url = "/formgrader"
+        spawner.environment["COURSE_LANG"] = person["language"]
+    else:
+        config = STATE / "config" / f"student-{person['language']}"
+        spawner.notebook_dir = "~"
+        spawner.default_url = "/lab/tree/START.md"
+        spawner.environment["COURSE_LANG"] = person["language"]
+        account = pwd.getpwnam(person["login"])
+        page = Path(account.pw_dir) / "START.md"
+        if not page.exists():
+            shutil.copyfile(start_page(person["language"]), page)
+            os.chown(page, account.pw_uid, account.pw_gid)
+    # The role's configuration first; then the course venv's own (which turns JupyterLab and
+    # nbgrader's server extensions on), found there even when the servers' interpreter is the
+    # small venv classhub.servers_python makes.
+    spawner.environment["JUPYTER_CONFIG_PATH"] = os.pathsep.join([str(config), str(VENV / "etc" / "jupyter")])
+    spawner.environment["JUPYTER_PATH"] = str(VENV / "share" / "jupyter")
+    spawner.environment["JUPYTERLAB_DIR"] = str(VENV / "share" / "jupyter" / "lab")
+
+
+c.Spawner.pre_spawn_hook = prepare_server
+
+# A test hub (tests/test_hub.py) adds its free ports and settings here.
+_extra = STATE / "extra_config.py"
+if _extra.exists():
+    exec(compile(_extra.read_text(), str(_extra), "exec"))

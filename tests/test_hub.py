@@ -1,0 +1,330 @@
+"""A term of a class on a real JupyterHub, driven through its login page in a real browser.
+
+The hub is the one `make hub` starts (deploy/hub/classhub.py and jupyterhub_config.py: JupyterHub
+6, configurable-http-proxy, FirstUseAuthenticator, LocalProcessSpawner, a Unix account per person,
+nbgrader's exchange), on a scratch copy of the course, free ports, a temporary exchange and Unix
+accounts with a random suffix that the test removes. One instructor and two students, one of them
+reading the Chinese edition:
+
+1. the instructor logs in and lands on Formgrader; `classhub release` puts chapter 02 in the exchange;
+2. each student logs in, fetches the chapter in the Assignments tab, fills in the first exercise
+   (one correctly, the other not), validates and submits;
+3. the instructor collects and grades (`course.py grade`, sandboxed) and releases feedback;
+4. each student fetches their feedback in the tab and opens it: their own score, in their language;
+5. the Chinese student fixes the exercise and submits again; the next grading run grades that
+   submission alone, and the student's new feedback shows the new score.
+
+Then what a student must not reach (each its own test): another student's files in the exchange or
+in their home, the course's solutions, Formgrader and the instructor's server (403 from the hub),
+another student's feedback, and a submission in another student's name (`collect` sets it aside).
+
+Needs root (Unix accounts), Node's npm (the proxy; `make test` installs it), chromium and useradd;
+elsewhere it is skipped and says why.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import json
+from pathlib import Path
+
+import pytest
+
+from hub_harness import Hub, start_class, stop_class, suffixed, why_not
+
+CHAPTER = "02_self_attention"
+PASSWORD = "a-long-password-1"
+CORRECT = "def project_qkv(x, w_q, w_k, w_v):\n    return x @ w_q, x @ w_k, x @ w_v\n"
+SWAPPED = "def project_qkv(x, w_q, w_k, w_v):\n    return x @ w_k, x @ w_q, x @ w_v\n"
+
+
+def _why_not() -> str | None:
+    if not shutil.which("chromium"):
+        return "chromium is not installed (make test installs it as root)"
+    return why_not()
+
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")]
+
+
+@pytest.fixture(scope="module")
+def hub():
+    instructor, alice, wang = suffixed("ti", "ta", "tz")
+    hub = start_class([(instructor, "Test Instructor", "instructor", "en"), (alice, "Alice Martin", "student", "en"),
+                       (wang, "王小明", "student", "zh")])
+    hub.instructor, hub.alice, hub.wang = instructor, alice, wang
+    try:
+        hub.classhub("release", CHAPTER)
+        yield hub
+    finally:
+        # KEEP_HUB_LOG=1: a maintainer's look at a failure (the hub's log and the course copy stay)
+        stop_class(hub, keep_files=bool(os.environ.get("KEEP_HUB_LOG")))
+
+
+# -- the browser ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+def log_in(browser, hub: Hub, login: str):
+    """Through the hub's login page; the first login sets the password (FirstUseAuthenticator)."""
+    page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+    page.set_default_timeout(60_000)
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("input[name=username]", login)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("input[type=submit], button[type=submit]")
+    page.wait_for_url(f"**/user/{login}/**", timeout=120_000)
+    return page
+
+
+def open_lab(page, hub: Hub, login: str) -> None:
+    page.goto(f"{hub.url}/user/{login}/lab?reset")  # a fresh workspace: no tab from an earlier visit
+    page.wait_for_selector("#jp-main-dock-panel")
+
+
+def assignments_tab(page, section: str) -> None:
+    """Nbgrader ▸ Assignment List, then wait until `section` (released, fetched, submitted) lists the chapter."""
+    page.click("#jp-MainMenu >> text=Nbgrader")
+    page.locator(".lm-Menu-item:not(.lm-mod-disabled) .lm-Menu-itemLabel").first.click()
+    page.wait_for_selector(f"#{section}_assignments_list >> text={CHAPTER}")
+
+
+def fill_first_exercise(page, code: str) -> None:
+    cell = page.locator(".jp-CodeCell", has_text="def project_qkv").first
+    cell.locator(".cm-content").click()
+    page.keyboard.press("Control+a")
+    page.keyboard.insert_text(code)
+    page.locator(".jp-NotebookPanel-toolbar [data-command='docmanager:save']").first.click()
+    page.wait_for_selector(".lm-TabBar-tab.lm-mod-current.jp-mod-dirty", state="detached")
+
+
+def validate(page) -> str:
+    try:
+        page.locator(".jp-NotebookPanel-toolbar:visible").get_by_text("Validate").first.click()
+    except Exception:
+        page.screenshot(path="/tmp/hub-validate.png")
+        raise
+    dialog = page.wait_for_selector(".jp-Dialog", timeout=180_000)
+    text = dialog.inner_text()
+    page.click(".jp-Dialog button.jp-mod-accept")
+    return text
+
+
+def submit(page) -> None:
+    assignments_tab(page, "fetched")
+    before = page.locator("#submitted_assignments_list .list_item").count()
+    page.click("#fetched_assignments_list button:has-text('Submit')")
+    page.wait_for_function(
+        f"document.querySelectorAll('#submitted_assignments_list .list_item').length > {before}", timeout=60_000)
+
+
+def feedback_page(page) -> str:
+    """Fetch Feedback in the tab, follow (view feedback) to its folder, open the page: its text."""
+    assignments_tab(page, "submitted")
+    page.locator("#submitted_assignments_list button:has-text('Fetch Feedback')").last.click()
+    link = page.locator("#submitted_assignments_list a:has-text('view feedback')").last
+    link.click()
+    page.dblclick(f".jp-DirListing-item[title*='{CHAPTER}.html']")
+    body = page.frame_locator(".jp-HTMLViewer iframe").last.locator("body")
+    body.locator("text=Score").first.wait_for()
+    text = " ".join(body.inner_text().split())
+    page.click(".lm-TabBar-tab.lm-mod-current .lm-TabBar-tabCloseIcon")
+    return text
+
+
+def score(text: str) -> str:
+    found = re.search(r"\(Score: ([\d.]+) / ([\d.]+)\)", text)
+    assert found, f"no score on the feedback page: {text[:500]}"
+    return f"{float(found[1]):g}/{float(found[2]):g}"
+
+
+# -- the term --------------------------------------------------------------------------------------------
+
+
+def test_a_term_on_the_hub_from_release_to_resubmission(hub, browser):
+    # The instructor's server: Formgrader on the course, listing the chapters.
+    instructor = log_in(browser, hub, hub.instructor)
+    instructor.goto(f"{hub.url}/user/{hub.instructor}/formgrader")
+    try:
+        instructor.wait_for_selector(f"text={CHAPTER}")
+    except Exception:
+        instructor.screenshot(path=str(hub.base / "formgrader.png"))
+        raise
+    instructor.context.close()
+
+    students = {hub.alice: ("en", CORRECT), hub.wang: ("zh", SWAPPED)}
+    pages = {}
+    for login, (language, code) in students.items():
+        page = pages[login] = log_in(browser, hub, login)
+        open_lab(page, hub, login)
+        if language == "zh":  # JupyterLab in Chinese
+            page.wait_for_selector("#jp-MainMenu >> text=文件")
+        assignments_tab(page, "released")
+        page.click("#released_assignments_list button:has-text('Fetch')")
+        page.wait_for_selector(f"#fetched_assignments_list >> text={CHAPTER}")
+        page.click(f"#fetched_assignments_list a:has-text('{CHAPTER}')")
+        page.dblclick(f".jp-DirListing-item[title*='{CHAPTER}']:not([title*='.ipynb'])")
+        page.dblclick(f".jp-DirListing-item[title*='{CHAPTER}.ipynb']")
+        page.wait_for_selector(".jp-Notebook .jp-CodeCell")
+        fill_first_exercise(page, code)
+        verdict = validate(page)
+        if language == "zh":  # the swapped projections are named, in Chinese
+            assert "对调" in verdict, verdict
+        else:
+            assert "project_qkv" not in verdict.split("attention_scores")[0], verdict
+        submit(page)
+
+    collected = hub.classhub("collect").stdout
+    assert f"Collecting submission: {hub.alice} {CHAPTER}" in collected and hub.wang in collected, collected
+    first = hub.grade()
+    assert "grading 2 submissions" in first, first
+    hub.classhub("feedback", CHAPTER)
+
+    alice_page, wang_page = feedback_page(pages[hub.alice]), feedback_page(pages[hub.wang])
+    assert score(alice_page) == "1/11" and score(wang_page) == "0/11"
+    assert "project_qkv" in alice_page and "对调" in wang_page and "对调" not in alice_page
+
+    # The Chinese student fixes the exercise and submits again: that submission alone is graded.
+    page = pages[hub.wang]
+    page.goto(f"{hub.url}/user/{hub.wang}/lab/tree/{CHAPTER}/{CHAPTER}.ipynb")
+    page.wait_for_selector(".jp-Notebook .jp-CodeCell")
+    fill_first_exercise(page, CORRECT)
+    assert "对调" not in validate(page)
+    submit(page)
+    collected = hub.classhub("collect").stdout
+    assert f"Updating submission: {hub.wang} {CHAPTER}" in collected, collected
+    alice_feedback = hub.course / "autograder" / "feedback" / hub.alice / CHAPTER / f"{CHAPTER}.html"
+    untouched = alice_feedback.stat().st_mtime_ns
+    second = hub.grade()
+    assert re.search(r"1 new or changed", second) and re.search(r"1 unchanged", second), second
+    assert alice_feedback.stat().st_mtime_ns == untouched
+    hub.classhub("feedback", CHAPTER)
+    assert score(feedback_page(page)) == "1/11"
+    for page in pages.values():
+        page.context.close()
+
+
+# -- what a student must not reach ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def submitted(hub):
+    """Both students have fetched and submitted chapter 02 from their shells (nbgrader's own commands)."""
+    for login in (hub.alice, hub.wang):
+        if not (Path(pwd.getpwnam(login).pw_dir) / CHAPTER).exists():
+            proc = hub.nbgrader(login, "fetch_assignment", CHAPTER)
+            assert proc.returncode == 0, proc.stderr
+        proc = hub.nbgrader(login, "submit", CHAPTER)
+        assert proc.returncode == 0, proc.stderr
+    return hub
+
+
+def test_a_student_cannot_read_anothers_work_or_the_solutions(submitted):
+    hub = submitted
+    inbound = hub.exchange / "transformer-course" / "inbound"
+    wang_home = Path(pwd.getpwnam(hub.wang).pw_dir)
+    for command in (["ls", str(inbound)], ["ls", str(wang_home)], ["cat", str(wang_home / CHAPTER / f"{CHAPTER}.ipynb")],
+                    ["ls", str(hub.course / "solutions")], ["ls", str(hub.course / "autograder")]):
+        proc = hub.as_user(hub.alice, *command)
+        assert proc.returncode != 0 and "Permission denied" in proc.stderr, (command, proc.stdout[:300])
+    # …while the Chinese student reads their own home (the check above is about whose files they are).
+    assert hub.as_user(hub.wang, "ls", str(wang_home)).returncode == 0
+
+
+def test_a_student_gets_403_from_formgrader_and_from_others_servers(hub, browser):
+    for login in (hub.instructor, hub.wang):  # their servers running, as in class
+        log_in(browser, hub, login).context.close()
+    page = log_in(browser, hub, hub.alice)
+    for url in (f"/user/{hub.instructor}/formgrader", f"/user/{hub.instructor}/lab", f"/user/{hub.wang}/lab",
+                f"/user/{hub.wang}/files/{CHAPTER}/{CHAPTER}.ipynb"):
+        response = page.goto(hub.url + url)
+        assert response.status == 403, (url, response.status)
+    # The hub's REST API does not even say whether another user exists (JupyterHub answers 404).
+    response = page.goto(f"{hub.url}/hub/api/users/{hub.wang}")
+    assert response.status == 404, response.status
+    # Their own server has no Formgrader either.
+    response = page.goto(f"{hub.url}/user/{hub.alice}/formgrader")
+    assert response.status == 404, response.status
+    page.context.close()
+
+
+def test_a_student_cannot_fetch_anothers_feedback(submitted):
+    hub = submitted
+    feedback = hub.exchange / "transformer-course" / "feedback"
+    hub.classhub("collect")
+    hub.grade()
+    hub.classhub("feedback", CHAPTER)
+    pages = [p.name for p in feedback.glob("*.html")]
+    assert pages
+    # The feedback folder cannot be listed, and a page's name is a hash of a secret the student's
+    # own submission holds: another student can neither list nor compute it.
+    proc = hub.as_user(hub.wang, "ls", str(feedback))
+    assert proc.returncode != 0 and "Permission denied" in proc.stderr
+    wang_home = Path(pwd.getpwnam(hub.wang).pw_dir)
+    before = set(wang_home.rglob("*.html"))
+    hub.nbgrader(hub.wang, "fetch_feedback", CHAPTER, "--course", "transformer-course", f"--student={hub.alice}")
+    assert set(wang_home.rglob("*.html")) == before, "the Chinese student fetched a feedback page that is not theirs"
+    secret = hub.course / "autograder" / "submitted" / hub.alice / CHAPTER / "submission_secret.txt"
+    assert hub.as_user(hub.wang, "cat", str(secret)).returncode != 0
+
+
+def test_a_submission_in_anothers_name_is_set_aside(submitted):
+    hub = submitted
+    wang_notebook = hub.course / "autograder" / "submitted" / hub.wang / CHAPTER / f"{CHAPTER}.ipynb"
+    hub.classhub("collect")
+    before = wang_notebook.read_bytes()
+    # Alice submits her notebook to the Chinese course claiming to be wang.
+    proc = hub.nbgrader(hub.alice, "submit", CHAPTER, "--course", "transformer-course-zh", f"--student={hub.wang}")
+    assert proc.returncode == 0, proc.stderr
+    out = hub.classhub("collect").stdout
+    assert re.search(rf"set aside .*{hub.wang}\+{CHAPTER}.*claims to be {hub.wang}'s but was written by {hub.alice}", out), out
+    assert wang_notebook.read_bytes() == before
+
+
+def test_bad_input_gets_one_line_and_changes_nothing(hub, tmp_path):
+    rosters = {
+        "login,name,role\nann,Ann,student\n": "missing column language",
+        "login,name,role,language\nann,Ann,instructor,en\nann,Ann B,student,en\n": "appears twice (first on line 2)",
+        "login,name,role,language\nann,Ann,teacher,en\n": "unknown role 'teacher'",
+        "login,name,role,language\nann,Ann,instructor,fr\n": "unknown language 'fr'",
+    }
+    for text, message in rosters.items():
+        roster = tmp_path / "roster.csv"
+        roster.write_text(text)
+        proc = hub.classhub("check-roster", str(roster), check=False)
+        assert proc.returncode == 1 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    # Not root: nothing is created.
+    python = json.loads((hub.state / "class.json").read_text())["python"]
+    proc = subprocess.run(["runuser", "-u", "nobody", "--", python, str(hub.course / "deploy" / "hub" / "classhub.py"),
+                           "serve", "--roster", "/nonexistent.csv"], capture_output=True, text=True, env=hub.env)
+    assert proc.returncode == 1 and "must run as root" in proc.stderr, proc.stderr
+    # Nothing submitted for a chapter: collect says so.
+    proc = hub.classhub("collect", "12_vision_transformers", check=False)
+    assert proc.returncode == 1 and "nothing to collect" in proc.stderr, proc.stderr
+    # A submission holding another chapter's notebook is set aside, with the reason.
+    home = Path(pwd.getpwnam(hub.alice).pw_dir)
+    wrong = home / "03_multi_head_attention"
+    wrong.mkdir(exist_ok=True)
+    shutil.copy(hub.course / "chapters" / "03_multi_head_attention" / "03_multi_head_attention.ipynb",
+                wrong / "03_multi_head_attention.ipynb")
+    # …submitted as chapter 03 would be fine; renamed into chapter 02's folder it is not.
+    target = home / CHAPTER
+    target.mkdir(exist_ok=True)
+    shutil.copy(wrong / "03_multi_head_attention.ipynb", target / f"{CHAPTER}.ipynb")
+    subprocess.run(["chown", "-R", f"{hub.alice}:{hub.alice}", str(wrong), str(target)], check=True)
+    assert hub.nbgrader(hub.alice, "submit", CHAPTER).returncode == 0
+    out = hub.classhub("collect", CHAPTER).stdout
+    assert "is another chapter's notebook" in out, out
