@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import re
 import textwrap
 import unicodedata
 
@@ -178,3 +179,21 @@ class WrapVerdicts(NbGraderPreprocessor):
         """A Chinese character takes two columns: a line that holds them wraps at half as many characters."""
         wide = sum(unicodedata.east_asian_width(ch) in "WF" for ch in line)
         return self.width // 2 if wide > len(line) // 4 else self.width
+
+
+def page_in_language(page: str, language: str) -> str:
+    """nbgrader's feedback template writes its own labels in English (the score lines, the table of
+    contents, "Student's answer"); a Chinese submission's page gets them in Chinese, like the rest of it."""
+    from transformer_lib.language import ENGLISH, say  # torch-free
+
+    if language == ENGLISH:
+        return page
+    score = say("Score", language)
+    page = re.sub(r"\(Score: ([-\d.]+) / ([-\d.]+)\)", lambda m: f"（{score}：{m[1]} / {m[2]}）", page)
+    page = re.sub(r"(?m)^(\s*)Score: ([-\d.]+) / ([-\d.]+)", lambda m: f"{m[1]}{score}：{m[2]} / {m[3]}", page)
+    for english, chinese in (("Test cell", say("Test cell", language)), ("Comment", say("Comment", language))):
+        page = re.sub(rf"(<a href=\"#[^\"]*\">){english}(</a>)", lambda m, text=chinese: m[1] + text + m[2], page)
+    page = page.replace("(Top)</a>", f"（{say('Top', language)}）</a>")
+    page = page.replace("<span class=\"nbgrader-label\">Student's answer</span>",
+                        f"<span class=\"nbgrader-label\">{say('Your answer', language)}</span>")
+    return page.replace("<b>Comments:</b>", f"<b>{say('Comments', language)}：</b>")

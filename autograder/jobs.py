@@ -52,6 +52,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import driver  # noqa: E402
+import feedback  # noqa: E402
 import forkserver  # noqa: E402
 import frames  # noqa: E402
 import hiding  # noqa: E402
@@ -225,6 +226,13 @@ class _Job:
                                                           self.language, result["flags"])
             else:
                 verdicts[test.grade_id] = judging.kernel_verdict(test, autograded, kit, self.language)
+        # What each answer did, named (the class report, autograder/class_report.py; kept in graded.json)
+        result["outcomes"] = {
+            test.grade_id: judging.outcome(test, collected.get(test.grade_id), result["flags"], kit,
+                                           verdicts[test.grade_id][0], order)
+            if test.calls and test.grade_id not in self.clean.deleted_tests else
+            judging.plain_outcome(test, verdicts[test.grade_id][0], order, test.grade_id in self.clean.deleted_tests)
+            for order, test in enumerate(kit.tests)}
 
         comments: dict[str, list[str]] = {}
         for gid, (score, verdict, note, said) in verdicts.items():
@@ -501,7 +509,7 @@ class _Job:
             self._stop_driver()
         page = self.course / "feedback" / STUDENT / self.kit.chapter / f"{self.kit.chapter}.html"
         if page.exists():
-            self.result["feedback"] = page.read_text()
+            self.result["feedback"] = feedback.page_in_language(page.read_text(), self.language)
         else:
             self.result["notes"].append("no feedback page could be made: " + str((message or {}).get("error", "nbgrader failed"))[-300:])
             self.result["log"] += str((message or {}).get("log", ""))[-4000:]

@@ -64,7 +64,7 @@ def one_student(hub, service_token: str, login: str, language: str) -> dict:
     times["api"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    proc = hub.nbgrader(login, "fetch_assignment", CHAPTER, "--course", course)
+    proc = hub.nbgrader(login, "fetch_assignment", CHAPTER, "--course", course, timeout=900)
     assert proc.returncode == 0, proc.stderr[-800:]
     times["fetch"] = time.perf_counter() - start
 
@@ -78,7 +78,7 @@ def one_student(hub, service_token: str, login: str, language: str) -> dict:
     os.chown(notebook, account.pw_uid, account.pw_gid)
 
     start = time.perf_counter()
-    proc = hub.nbgrader(login, "submit", CHAPTER, "--course", course)
+    proc = hub.nbgrader(login, "submit", CHAPTER, "--course", course, timeout=900)
     assert proc.returncode == 0, proc.stderr[-800:]
     times["submit"] = time.perf_counter() - start
     return {"login": login, "digest": hashlib.sha256(notebook.read_bytes()).hexdigest(), "times": times}

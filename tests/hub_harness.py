@@ -77,7 +77,7 @@ class Hub:
         return proc.stdout + proc.stderr
 
     # -- a student's shell on the server ------------------------------------------------------------
-    def as_user(self, login: str, *command: str) -> subprocess.CompletedProcess:
+    def as_user(self, login: str, *command: str, timeout: float = 120) -> subprocess.CompletedProcess:
         home = pwd.getpwnam(login).pw_dir
         klass = json.loads((self.state / "class.json").read_text())
         language = next(p["language"] for p in klass["people"] if p["login"] == login)
@@ -85,11 +85,11 @@ class Hub:
                                   str(Path(klass["venv"]) / "etc" / "jupyter")])
         return subprocess.run(["runuser", "-u", login, "--", "env", f"HOME={home}", f"JUPYTER_CONFIG_PATH={config}",
                                f"PATH={Path(klass['python']).parent}:/usr/bin:/bin", *command],
-                              cwd=home, capture_output=True, text=True, timeout=120)
+                              cwd=home, capture_output=True, text=True, timeout=timeout)
 
-    def nbgrader(self, login: str, *args: str) -> subprocess.CompletedProcess:
+    def nbgrader(self, login: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         python = json.loads((self.state / "class.json").read_text())["python"]
-        return self.as_user(login, python, "-m", "nbgrader", *args)
+        return self.as_user(login, python, "-m", "nbgrader", *args, timeout=timeout)
 
 
 def _copy_course(target: Path) -> None:

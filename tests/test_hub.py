@@ -139,14 +139,15 @@ def feedback_page(page) -> str:
     link.click()
     page.dblclick(f".jp-DirListing-item[title*='{CHAPTER}.html']")
     body = page.frame_locator(".jp-HTMLViewer iframe").last.locator("body")
-    body.locator("text=Score").first.wait_for()
+    body.locator("h4").first.wait_for()
     text = " ".join(body.inner_text().split())
     page.click(".lm-TabBar-tab.lm-mod-current .lm-TabBar-tabCloseIcon")
     return text
 
 
 def score(text: str) -> str:
-    found = re.search(r"\(Score: ([\d.]+) / ([\d.]+)\)", text)
+    """The notebook's total as the page shows it: "(Score: 1.0 / 11.0)", or "（得分：1.0 / 11.0）" in Chinese."""
+    found = re.search(r"(?:\(Score: |（得分：)([\d.]+) / ([\d.]+)(?:\)|）)", text)
     assert found, f"no score on the feedback page: {text[:500]}"
     return f"{float(found[1]):g}/{float(found[2]):g}"
 
@@ -196,6 +197,7 @@ def test_a_term_on_the_hub_from_release_to_resubmission(hub, browser):
     alice_page, wang_page = feedback_page(pages[hub.alice]), feedback_page(pages[hub.wang])
     assert score(alice_page) == "1/11" and score(wang_page) == "0/11"
     assert "project_qkv" in alice_page and "对调" in wang_page and "对调" not in alice_page
+    assert "(Score: " in alice_page and "（得分：" in wang_page and "Score:" not in wang_page
 
     # The Chinese student fixes the exercise and submits again: that submission alone is graded.
     page = pages[hub.wang]

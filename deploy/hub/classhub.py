@@ -515,6 +515,8 @@ def main(argv=None) -> int:
         sub.add_parser(name).add_argument("chapters", nargs="*")
     sub.add_parser("remove-accounts", help="remove the Unix accounts the course created")
     args = parser.parse_args(argv)
+    # nbgrader runs alembic and jupyter by name: this interpreter's own come first.
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     try:
         if args.step == "check-roster":
             people = read_roster(args.roster)
