@@ -63,9 +63,9 @@ class Hub:
         self.process = None
 
     # -- the instructor's side, as the Makefile runs it ------------------------------------------
-    def classhub(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    def classhub(self, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
         proc = subprocess.run([sys.executable, str(self.course / "deploy" / "hub" / "classhub.py"), *args],
-                              env=self.env, capture_output=True, text=True, timeout=300)
+                              env=env or self.env, capture_output=True, text=True, timeout=300)
         if check and proc.returncode != 0:
             raise AssertionError(f"classhub {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
         return proc
