@@ -710,7 +710,19 @@ def grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, sche
     finally:
         save_record(final=True)
         _export(course, report, chapters, students)
+        _class_report(course, record, log)
     return report
+
+
+def _class_report(course: Course, record: dict, log) -> None:
+    """autograder/class_report.html and mistakes.csv (autograder/class_report.py), from the record just
+    saved: what each student's answers did, as judged; in the instructor's language (COURSE_LANG)."""
+    import class_report
+
+    try:
+        class_report.write(course.root / "autograder", record, os.environ.get("COURSE_LANG", "en"))
+    except Exception as exc:  # the grades stand without it
+        log(f"the class report could not be written ({_one_line(exc)})")
 
 
 def _read_submission(path: Path) -> tuple[bytes, str | None]:

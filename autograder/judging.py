@@ -137,3 +137,112 @@ def kernel_verdict(test, autograded: dict, kit, language: str) -> tuple[float, s
             return test.points, say("\u2713 {score}: the test ran without an error.", language,
                                     score=f"{test.points:g}/{test.points:g}"), "", ""
     return 0.0, say("This test cell did not run.", language), "did not run", say("did not run", language)
+
+
+# -- what the class report counts (autograder/class_report.py) ---------------------------------------
+
+BLANK = "NotImplementedError"
+POLICY_NAMES = ("used the reference implementation (grading policy)", "called a forbidden API (grading policy)")
+_DIFFERS = [  # (pattern in a checker's English message, the generic line the class report shows)
+    (r"your function raised ([A-Za-z_][\w.]*)", "raised {0}"),
+    (r"wrong shape", "wrong shape"),
+    (r"wrong dtype, expected (torch\.\w+), got (torch\.\w+)", "wrong dtype (expected {0}, got {1})"),
+    (r"expected a torch\.Tensor, got (a numpy array|an? [\w.]+)", "not a torch.Tensor ({0})"),
+    (r"expected floating point values \((torch\.\w+)\), got (torch\.\w+)", "wrong dtype (expected {0}, got {1})"),
+    (r"entries differ", "some entries differ"),
+    (r"NaN at index", "NaN where a number was expected"),
+    (r"values differ", "values differ"),
+    (r"expected \d+ items, got \d+", "wrong number of items"),
+    (r"expected a (tuple|list) of \d+ items", "expected a {0}, got something else"),
+    (r"expected a dict with keys", "not the expected dict"),
+    (r"expected a number", "not a number"),
+    (r"could not be compared", "the outputs could not be compared"),
+    (r"expected outputs for \d+ cases", "wrong number of outputs"),
+    (r"expected your function", "not a function"),
+    (r"expected .+, got ", "wrong value"),
+]
+
+
+def differs_line(english: str) -> str:
+    """The generic 'what differs' of a failed check (a kind of difference, never a case or its inputs)."""
+    import re
+
+    where = re.search(r"(output(?:\[[^\]]{1,20}\])+): ", english)
+    for pattern, line in _DIFFERS:
+        found = re.search(pattern, english)
+        if found:
+            said = line.format(*found.groups())
+            return f"{where.group(1)}: {said}" if where else said
+    return re.sub(r"\d+", "N", english.split(": ", 1)[-1])[:100]
+
+
+def _limit(text: str) -> str | None:
+    if "CellTimeout" in text or "per-cell limit" in text or "total limit" in text:
+        return "ran past the time limit"
+    if "MemoryError" in text or "memory limit" in text:
+        return "the memory limit (or a crash)"
+    return None
+
+
+def outcome(test, got, flags: list[str], kit, score: float, order: int) -> dict:
+    """What one checker-based test's answer did, for the class report: "passed", "mistake" (the
+    checker's catalogue, or a property, named it; names in English, the same for both editions),
+    "unnamed" (failed, with generic lines saying what differs), "blank" (the stub still raises
+    NotImplementedError) or "limit" (time or memory). Holds no case, input or hidden test line."""
+    from transformer_lib.checks import get_checker
+
+    exercise = "+".join(dict.fromkeys(get_checker(c["checker"]).name for c in test.calls)) or test.grade_id
+    found = {"exercise": exercise, "order": order, "outcome": "passed", "mistakes": [], "differs": []}
+    own = [f.split(": ", 1)[1] for f in flags if f.startswith(f"{test.grade_id}: ")]
+    policy_names = [POLICY_NAMES[0 if f.startswith("uses the reference") else 1] for f in own]
+    if got is None or got.outputs is None:
+        problem = "" if got is None else got.problem
+        why = _limit(problem)
+        found.update(outcome="limit" if why else "unnamed",
+                     differs=[judging_public(why or differs_line(problem or "no outputs"), kit)])
+        return found
+    for call, outputs, (passed, _), english in zip(test.calls, got.outputs, got.judged, got.english or []):
+        cases = outputs if isinstance(outputs, list) else [outputs]
+        errors = [o.get("__error__", "") for o in cases if isinstance(o, dict) and o.get("__type__") == "error"]
+        if passed:
+            continue
+        if BLANK in errors:
+            found["outcome"] = "blank"
+            break
+        why = next(filter(None, map(_limit, errors)), None)
+        if why:
+            found["outcome"] = "limit"
+            found["differs"].append(why)
+            continue
+        checker = get_checker(call["checker"])
+        named = [m.name for m in checker.mistakes if english == m.message(checker.name, ENGLISH)]
+        if not named and english.startswith(f"{checker.name}: your output shows "):
+            named = [p.name for p in checker.properties if p.name in english]
+        if named:
+            found["mistakes"] += [n for n in named if n not in found["mistakes"]]
+        else:
+            found["differs"].append(judging_public(differs_line(english), kit))
+    if found["outcome"] == "passed" and (found["mistakes"] or found["differs"] or score < test.points):
+        found["outcome"] = "mistake" if found["mistakes"] else "unnamed"
+    if policy_names and found["outcome"] in ("passed", "unnamed", "mistake"):
+        found["mistakes"] += [n for n in policy_names if n not in found["mistakes"]]
+        found["outcome"] = "mistake"
+    if found["outcome"] == "unnamed" and not found["differs"]:
+        found["differs"].append("scored 0")
+    return found
+
+
+def judging_public(text: str, kit) -> str:
+    """`public` with the kit's secrets, and no hidden case's name."""
+    text = public(text, kit.secrets)
+    for cases in kit.hidden_cases.values():
+        for described, name in cases:
+            text = text.replace(described, "a hidden case").replace(name, "a hidden case") if len(name) >= 6 else text
+    return text
+
+
+def plain_outcome(test, score: float, order: int, deleted: bool) -> dict:
+    """The same for a test cell without a checker (nbgrader's rule) or one the student deleted."""
+    passed = score >= test.points and not deleted
+    return {"exercise": test.grade_id, "order": order, "outcome": "passed" if passed else "unnamed", "mistakes": [],
+            "differs": [] if passed else ["the test cell was deleted" if deleted else "an error in the test cell"]}
