@@ -38,8 +38,8 @@
 #    search, with samples written by your sampling loop. *Exercises 6 to 9: `greedy_generate`,
 #    `temperature_probs`, `top_p_filter`, `sample`.*
 # 9. **Scale**: GPT-2 small counted, GPT-3's 175 billion parameters recomputed from its shape.
-# 10. **Few-shot prompting**: GPT-3's in-context learning, and the little of it a model this small shows, measured
-#    (it finishes words from their first letters; it does not copy).
+# 10. **Few-shot prompting**: GPT-3's in-context learning, and what a model this small does with its context,
+#    measured (it finishes words from their first letters, short-context prediction; it does not copy).
 # 11. **Three families**: encoder-decoder, encoder-only, decoder-only.
 #
 # The nine exercises take about 140 minutes in all. The whole notebook runs on one CPU thread in under a minute,
@@ -940,8 +940,10 @@ claim(torch.equal(cached, uncached), "greedy output is identical with and withou
 # %% [markdown]
 # Greedy text from a small model gets stuck in loops: once a phrase is the most probable continuation of
 # itself, it repeats forever. A longer greedy run shows it. (The model's context is 32 positions, so
-# `generate_long` slides a window along, as nanoGPT does: when the window is full it keeps the last 16 tokens
-# and starts a fresh cache.)
+# `generate_long` slides a window along: when the window is full it keeps the last 16 tokens and starts a fresh
+# cache. That scheme is this course's own. nanoGPT's `generate` keeps no cache at all: at every step it crops the
+# sequence to its last `block_size` tokens and runs the model over all of them again, so every prediction sees a
+# full window, at the price of recomputing it.)
 
 # %% tags=["nbval-ignore-output", "skip-when-grading"]
 greedy_text = generate_long(char_model, prompt, 150, generate_fn=greedy_generate_impl)
@@ -1371,7 +1373,8 @@ ax.axhline(bigram_nats, color="#d08020", linestyle="--", label=f"bigram baseline
 ax.set_xlabel("characters of context seen")
 ax.set_ylabel("nats per character")
 ax.legend(fontsize=8)
-ax.set_title("Loss by position in the window: context helps for a few characters, then levels off", fontsize=10)
+ax.set_title("Loss by position in the window: it falls for a few characters, then stops falling, "
+             "and rises at the end", fontsize=10)
 plt.show()
 
 # %%
@@ -1389,9 +1392,16 @@ claim(position_loss[-1].item() > middle + 0.05, "at the last position of the win
 # %% [markdown]
 # With a single character to go on, the GPT does worse than the bigram model, which is built for exactly that
 # case (for the GPT it is one training prediction in 31). The loss then falls steeply over the next few
-# characters, as the model finishes a word whose beginning it has seen, and stops falling: from about 8
-# characters on it stays level, and at the very end of the window it even creeps back up. Past about 8 characters,
-# more context buys this model nothing. That is in-context learning of the most modest kind.
+# characters, as the model finishes a word whose beginning it has seen, and stops falling: 16 to 31 characters gain
+# less than 0.1 nats over 8 to 15. It does not stay level, though: over the last positions of the window it rises
+# again, and at the last one it is higher than with 8 to 15 characters (compare the printed loss after 16 and after
+# 31 characters). This run does not say why. It is not that the last positions were trained less: every position
+# of every training window is a training example. Past about 8 characters, more context buys this model nothing.
+#
+# The fall over the first 8 characters is not in-context learning in Olsson et al.'s sense. It is short-context
+# prediction, finishing a word from its first letters, the improvement every model shows over its first few
+# tokens, and exactly what they exclude by comparing the loss at token 500 with the loss at token 50. A window of
+# 32 characters cannot measure their kind at all.
 #
 # The next kind up is **copying**. Olsson et al. describe **induction heads**: attention heads that complete a
 # pattern seen earlier in the context, so that after "[A][B] … [A]" they predict "[B]". They found them in models
@@ -1422,7 +1432,8 @@ claim(second_copy > 1.5, "it still pays over 1.5 nats for each character of a st
 # %% [markdown]
 # The model does not copy. It pays as much for the second copy as for the first, although each character of the
 # second copy already appeared exactly 16 positions earlier in the same window. So this is where a model of this size, trained this
-# briefly, stands: it uses the last few characters to finish a word, the most local kind of in-context learning.
+# briefly, stands: it uses the last few characters to finish a word, which is short-context prediction, not
+# in-context learning.
 # Copying a pattern it has just seen is beyond it, and learning a task from a few examples in the prompt, Brown
 # et al.'s few-shot learning, belongs to models with orders of magnitude more parameters and training text.
 
