@@ -168,4 +168,4 @@ hub-remove-accounts:
 	$(PY) deploy/hub/classhub.py remove-accounts
 
 clean-grading:
-	rm -rf autograder/autograded autograder/feedback autograder/gradebook.db autograder/grades.csv autograder/report.csv autograder/.release autograder/.sandbox autograder/graded.json
+	rm -rf autograder/autograded autograder/feedback autograder/gradebook.db autograder/grades.csv autograder/report.csv autograder/.release autograder/.sandbox autograder/graded.json autograder/class_report.html autograder/mistakes.csv

@@ -553,9 +553,21 @@ def _ship_code(client) -> None:
         client.upload_file(str(HERE / f"{name}.py"))
 
 
-def grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, scheduler=None,
-          isolation_mode: str | None = None, limits: dict | None = None, log=None,
-          regrade_all: bool = False) -> Report:
+def grade(course: Course, *args, **kwargs) -> Report:
+    """`_grade`, with the instructor's COURSE_LANG taken out of the environment while it runs. That
+    variable chooses the class report's language and nothing else: each submission is judged, and its
+    sandboxed kernel speaks, in the submission's own language. (Left in, it reached the kernels: an
+    English submission's checks spoke Chinese, which the grader did not recognise, and scored 0.)"""
+    saved = {name: os.environ.pop(name) for name in ("COURSE_LANG", "JPY_SESSION_NAME") if name in os.environ}
+    try:
+        return _grade(course, *args, report_language=saved.get("COURSE_LANG") or "en", **kwargs)
+    finally:
+        os.environ.update(saved)
+
+
+def _grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, scheduler=None,
+           isolation_mode: str | None = None, limits: dict | None = None, log=None,
+           regrade_all: bool = False, report_language: str = "en") -> Report:
     """Grade every submission that is new or changed since the last run: one isolated job per
     submission and chapter, in parallel (or on a Dask cluster); this process alone writes the
     gradebook, grades.csv, report.csv, the feedback and the record of what it graded
@@ -710,17 +722,17 @@ def grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, sche
     finally:
         save_record(final=True)
         _export(course, report, chapters, students)
-        _class_report(course, record, log)
+        _class_report(course, record, log, report_language)
     return report
 
 
-def _class_report(course: Course, record: dict, log) -> None:
+def _class_report(course: Course, record: dict, log, language: str) -> None:
     """autograder/class_report.html and mistakes.csv (autograder/class_report.py), from the record just
     saved: what each student's answers did, as judged; in the instructor's language (COURSE_LANG)."""
     import class_report
 
     try:
-        class_report.write(course.root / "autograder", record, os.environ.get("COURSE_LANG", "en"))
+        class_report.write(course.root / "autograder", record, language)
     except Exception as exc:  # the grades stand without it
         log(f"the class report could not be written ({_one_line(exc)})")
 

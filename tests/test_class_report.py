@@ -193,18 +193,27 @@ def test_a_regrade_after_a_fix_updates_the_report_in_the_instructors_language(gr
 
     course, _, _ = graded
     _submit(course, "ben", _notebook("zh", {}))  # ben fixes his scale
+    # jon hands in his correct notebook again, with one change that alters nothing (so it is regraded),
+    # while the instructor's shell says COURSE_LANG=zh: that chooses the report's language only, and
+    # an English submission is still judged in English (it scored 0 when the variable reached its kernel).
+    again = _notebook("en", {})
+    again.metadata["resubmitted"] = True
+    _submit(course, "jon", again)
+    monkeypatch.setenv("COURSE_LANG", "zh")
     report, log = _grade(course)
-    assert report.graded == {("ben", CHAPTER)}, log
+    monkeypatch.delenv("COURSE_LANG")
+    assert report.graded == {("ben", CHAPTER), ("jon", CHAPTER)}, log
+    assert report.scores[("jon", CHAPTER)][0] == report.scores[("jon", CHAPTER)][1], log
     counts, _ = _mistakes(course)
     assert counts[("scaled_attention", "mistake", NO_SCALE)] == (1, "ana")
     assert counts[("scaled_attention", "passed", "(passed)")] == (4, "ben fay ivy jon")
     assert counts[("scaled_attention", "mistake", MASK_FLIPPED)] == (2, "dan eve")
-    assert '<html lang="en">' in (course.root / "autograder" / "class_report.html").read_text()
-    # the page in the instructor's language, from the same record (what grade() does last)
-    monkeypatch.setenv("COURSE_LANG", "zh")
-    record = json.loads((course.root / "autograder" / "graded.json").read_text())
-    course_cli._class_report(course, record, print)
+    # the page in the instructor's language (COURSE_LANG=zh during that run)
     text = (course.root / "autograder" / "class_report.html").read_text()
     assert '<html lang="zh">' in text and "全班错在哪里" in text
     assert "分数没有除以 sqrt(d_k) 进行缩放" in text  # the catalogue's Chinese name for NO_SCALE
     assert _mistakes(course)[0] == counts  # the CSV keeps the English catalogue names
+    # and in English again, from the same record, without grading (what grade() does last)
+    record = json.loads((course.root / "autograder" / "graded.json").read_text())
+    course_cli._class_report(course, record, print, "en")
+    assert '<html lang="en">' in (course.root / "autograder" / "class_report.html").read_text()
