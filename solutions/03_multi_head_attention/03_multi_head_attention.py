@@ -143,7 +143,9 @@ for sentence in (["A", "C", "D", "B", "C"], ["B", "C", "D", "A", "C"]):
 # outputs, $h$ vectors of size $d_k$, are concatenated back to $d_{model}$ features, and one more matrix $W^O$
 # ($d_{model} \times d_{model}$) mixes them. Prince (*Understanding Deep Learning*, 2023, chapter 12) draws the
 # same computation: several heads run in parallel on the same input, their outputs are stacked, and a last
-# linear map combines them.
+# linear map combines them. He also gives a reason that has nothing to do with what the heads end up
+# representing (section 12.3.3): several heads seem to be needed for a Transformer to work well at all, and it has been
+# suggested that they make training more robust to a bad initialization.
 #
 # Here is the whole layer as implementations compute it, with the shape of the tensor on every arrow
 # (B = batch, L = sequence length, h = heads, $d_k = d_{model} / h$). The rest of the chapter builds each box.
@@ -375,8 +377,8 @@ print("size (norm) of each head's term head_i W^O_i:", [f"{s:.2f}" for s in shar
 # shapes, plus a full `[batch, L_q, L_k]`.
 #
 # The scores now have one more dimension, `[batch, heads, L_q, L_k]`, and **broadcasting lines dimensions up
-# from the right**. A 2-D mask `[L_q, L_k]` is fine: it broadcasts over batch and heads. A 3-D mask is not:
-# `[batch, 1, L_k]` would be read as `[heads, L_q, L_k]`, its sentences matched to heads. The cure is to give
+# from the right**. A 2-D mask `[L_q, L_k]` is fine: it broadcasts over batch and heads. A 3-D mask is not safe:
+# `[batch, 1, L_k]` is read as `[heads, L_q, L_k]`, its sentences matched to heads. The cure is to give
 # it a heads dimension of size 1, `mask.unsqueeze(1)`: `[batch, 1, 1, L_k]` (or `[batch, 1, L_q, L_k]`), which
 # reaches every head, and every query, of its own sentence. (The library's `padding_mask` returns
 # `[batch, 1, 1, L_k]` directly; chapter 06 builds it.)
@@ -401,10 +403,21 @@ for name, shape in (("causal [L_q, L_k]", [4, 6]), ("padding [batch, 1, L_k]", [
     print(f"{name:<24} {str(shape):<10} as it is: {broadcast_or_not(shape, scores_shape):<19} "
           f"| with heads dim {str(fixed):<13}: {broadcast_or_not(fixed, scores_shape)}")
 
+# The two cases where a padding mask [batch, 1, L_k] left as it is broadcasts without an error:
+for n_sentences in (1, 3):  # 3 heads: one sentence, then as many sentences as heads
+    lengths = torch.tensor([4, 6, 2])[:n_sentences]  # sentence b has lengths[b] real tokens out of 6
+    pad = (torch.arange(6) < lengths[:, None])[:, None, :]  # [batch, 1, L_k]
+    target = (n_sentences, 3, 4, 6)  # [batch, heads, L_q, L_k]
+    as_is, fixed = pad.expand(target), pad.unsqueeze(1).expand(target)
+    print(f"padding {list(pad.shape)} for 3 heads, as it is: same mask as with heads dim? {torch.equal(as_is, fixed)}; "
+          f"keys visible to sentence 0 in heads 0, 1, 2: {as_is[0, :, 0].sum(-1).tolist()} (it has {lengths[0]})")
+
 # %% [markdown]
-# With 2 sentences and 3 heads, a 3-D mask left as it is fails loudly. With as many sentences as heads (or a
-# single sentence) it would broadcast silently, and wrongly, as in the picture: that is why the checker of
-# the next exercise has such cases.
+# With 2 sentences and 3 heads, a 3-D mask left as it is fails loudly. With a single sentence, `[1, 1, L_k]`
+# broadcasts and is right: its one row of visible keys reaches every head and every query of the only sentence,
+# exactly what `unsqueeze(1)` gives. The silent error needs as many sentences as heads: then row $i$ of the mask
+# goes to head $i$ of *every* sentence, as in the picture, and sentence 0 sees its own 4 keys in head 0 only. That
+# is why the checker of the next exercise has such cases.
 #
 # ### Exercise 3 — `multi_head_attention_forward`
 # > **Difficulty** ●●● · **Importance** ●●● · about 25 minutes
@@ -966,12 +979,15 @@ claim(share_first.min() < 0.1 and share_first.max() > 0.9,
 #   them to divide the work; it is simply what lets the read-outs answer both questions exactly, since the
 #   concatenation keeps the two answers in separate coordinates, as in section 1. Several heads may end up doing
 #   the same job: nothing forbids redundancy.
-# * The single head has to serve both questions with one average. It spreads its weight over the first and the
-#   previous token — both stripes, each faded — exactly the blend of section 1, and its entropy is close to
-#   $\log 2 \approx 0.69$, the entropy of an even split between two keys. It still gets a good share of the answers right, by the trick announced there: the balance between
-#   the two tokens depends on which tokens they are (the last line printed above: from one sequence to the next,
-#   the same query gives the first token almost none or almost all of that weight), and the read-outs learn to
-#   decode it. But that trick is imperfect, as its accuracy above shows, while the 4-head model answers both
+# * The single head has to serve both questions with one average. Averaged over the test sequences it spreads its
+#   weight over the first and the previous token, at least 0.3 on each — both stripes, each faded — the blend of
+#   section 1. Its entropy lies between 0.6 and 1.1: a little above $\log 2 \approx 0.69$, the entropy of an even
+#   split between two keys, and far below the 1.80 of an even spread. But that average hides a wide spread. Sequence
+#   by sequence, the query at position 6 gives the first token anything from under 0.1 to over 0.9 of the weight it
+#   puts on the two (the last line printed above has your run's exact range). That is how the head still gets a good
+#   share of the answers right, by the trick announced in section 1: the balance between the two tokens depends on
+#   which tokens they are, and the read-outs learn to decode it. But that trick is imperfect, as its accuracy above
+#   shows, while the 4-head model answers both
 #   questions on the same number of parameters. Vaswani et al. (2017, Table 3) saw the same on translation: one
 #   head of full width scored 0.9 BLEU below their best number of heads.
 #
@@ -1057,12 +1073,15 @@ for job in QUESTION:
 #   transpose gives the right shape and the wrong numbers.
 # * $W^O$ **mixes** the concatenated heads: $\mathrm{Concat}(\mathrm{head}_i)\,W^O = \sum_i \mathrm{head}_i W^O_i$.
 # * A mask of shape `[batch, 1, L_k]` or `[batch, L_q, L_k]` needs a heads dimension, `unsqueeze(1)`, to reach every
-#   head of its own sentence; `[L_q, L_k]` broadcasts as it is.
+#   head of its own sentence; `[L_q, L_k]` broadcasts as it is. Without it, one sentence's mask still happens to be
+#   right; with as many sentences as heads, the mask runs silently and lands on the wrong heads.
 # * The layer has $4 d_{model}^2 + 4 d_{model}$ parameters for **any** number of heads: the same as one
 #   full-width head with $W^O$.
 # * Trained on a task with two relations, the heads of a 4-head layer specialised, one relation each, with
-#   entropies near 0, and answered both questions on the test sequences; a single head blended the two
-#   (entropy near $\log 2$) and did worse. Switching heads off showed a head the model did not need, and that
+#   entropies below 0.5 (the sharpest at 0 to two decimals), and answered both questions on the test sequences; a
+#   single head blended the two, with an entropy between 0.6 and 1.1 (above $\log 2 \approx 0.69$), on average;
+#   sequence by sequence its split ran from under 0.1 to over 0.9 on the first token. It did worse. Switching
+#   heads off showed a head the model did not need, and that
 #   each relation lived only in its own heads.
 #
 # ## What's next
