@@ -323,7 +323,8 @@ print(tgt)
 # Both are correct: each broadcasts over the queries. The library's `MultiHeadAttention` accepts either (a 3-D
 # mask gets its heads axis added inside, as in chapter 03), and `padding_mask` returns the 4-D one, which fits
 # the per-head scores directly. What goes wrong is a mask whose **1 sits on the wrong axis**: `[batch, seq, 1]`
-# hides query rows instead of key columns, and a bare `[batch, seq]` lines its batch axis up with the queries.
+# hides query rows instead of key columns, and a bare `[batch, seq]` lines its batch axis up with the queries
+# (harmless only for a batch of one sentence, whose batch axis has size 1).
 # Both can run without an error message; we will watch them do it right after the exercise.
 
 # %% [markdown]
@@ -462,10 +463,20 @@ plt.show()
 # * `[batch, seq]` is read as one `[L_q, L_k]` grid shared by every sentence: **row $i$ holds the padding of
 #   sentence $i$**. Query 4 of *you are* uses the padding of sentence 4, and so on.
 #
-# With any other batch size the bare `[batch, seq]` mask does not broadcast at all. That is the lucky case,
-# and the library says so in words:
+# The bare mask is not always wrong. A 2-D mask is read as one `[L_q, L_k]` grid for the whole batch, so the
+# bare mask's first axis, the batch, lands on the query axis. For a single sentence that axis has size 1, which
+# is exactly where the padding mask wants its 1: `[1, seq]` broadcasts over the queries of the `[1, seq, seq]`
+# scores and hides the right keys. It goes wrong with several sentences, `[B, seq]` against `[B, L, L]`
+# scores, because the batch then lines up with the queries: silently when `B` equals the length, as above;
+# with any other `B` it does not broadcast at all. That is the lucky case, and the library says so in words.
+# Both, on sentence 1 alone and on the batch of three:
 
 # %%
+with torch.no_grad():
+    one = h5[1:2]  # sentence 1 (you are + two padding tokens) alone: a batch of 1
+    out_one = self_attn(one, one, one, mask=real5[1:2])  # the bare mask, [1, seq]
+error_one = (out_one[0, :lengths5[1]] - alone5[1]).abs().max().item()
+print(f"batch of 1, bare [1, seq] mask: largest difference from the unpadded run {error_one:.4f}")
 try:
     with torch.no_grad():
         self_attn(batch, batch, batch, mask=tgt != PAD)  # batch of 3, seq of 5: a [3, 5] mask
@@ -1236,12 +1247,13 @@ with torch.no_grad():
 # * The **padding mask** hides padded *keys* for every query: keys on the last axis, a 1 on the query axis.
 #   `[batch, 1, seq]` for one head's scores and `[batch, 1, 1, seq]` for per-head scores are the same mask, and
 #   `MultiHeadAttention` takes both. `[batch, seq, 1]` (hides queries) and a bare `[batch, seq]` (the batch on
-#   the query axis) ran silently with `batch == seq` and were wrong.
+#   the query axis) ran silently with `batch == seq` and were wrong; the bare mask is right only for a batch of one.
 # * The decoder's self-attention uses **causal AND padding**, `[batch, 1, L, L]` (`decoder_self_mask`).
 # * **Cross-attention** takes queries from the decoder and keys and values from the encoder's memory; its
 #   weights are `[batch, T, S]` per head, and its only mask is the **source padding mask**.
 # * Masks act on the **scores, before the softmax**. Fill with `torch.finfo(dtype).min`, not `-inf` (NaN on
-#   empty rows), not a small constant (leaks), not `-1e9` (which is `-inf` in float16), and zero the rows
+#   empty rows), not a small constant (leaks), not `-1e9` (float16 cannot hold it: `masked_fill` raises a
+#   RuntimeError, and an additive mask cast to float16 turns it into `-inf`), and zero the rows
 #   with nothing to attend to. That is `masked_softmax`, which the library's attention uses.
 # * A **decoder layer** is masked self-attention, cross-attention over the memory, then the FFN, each inside Add &
 #   Norm (`decoder_layer_forward`). A two-layer decoder running it kept every output before a changed target token
