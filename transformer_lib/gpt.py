@@ -529,10 +529,12 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, *, greedy: b
 @torch.no_grad()
 def generate_long(model: GPT, prompt: torch.Tensor, max_new_tokens: int, keep: int | None = None,
                   generate_fn=None, **settings) -> torch.Tensor:
-    """generate() past the model's context of max_len positions, as nanoGPT samples.
+    """generate() past the model's context of max_len positions.
 
-    Generates with the cache until the window is full, then starts a new window from the last
-    `keep` tokens (default: half the context) with a fresh cache, and so on: every prediction
+    The course's own scheme (nanoGPT's generate keeps no cache: it crops to the last block_size
+    tokens and recomputes them every step). Generates with the cache until the window is full,
+    then starts a new window from the last `keep` tokens (default: half the context) with a
+    fresh cache, and so on: every prediction
     sees between keep and max_len tokens, at positions 0, 1, ... as in training. Each window is
     continued by generate_fn(model, window, steps) -> [batch, window + steps] when given (chapter
     10 passes the learner's greedy_generate or sample), else by generate() with `settings`
