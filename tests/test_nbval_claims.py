@@ -2,7 +2,7 @@
 (a timing, a progress bar, a random draw) or followed by the claim the chapter makes from it.
 
 A cell tagged `nbval-ignore-output` must also carry one of the reasons below as a tag, or it (or
-the next code cell) must call `claim(...)` (transformer_lib/claims.py). Nothing else turns
+the next code cell) must call `claim(...)` or `claim_between(...)` (transformer_lib/claims.py). Nothing else turns
 nbval's comparison off: no `nbval-skip`, no lax mode, no notebook-wide switch.
 """
 
@@ -11,6 +11,8 @@ import re
 import pytest
 
 from course_files import CHAPTERS, ROOT, solution
+
+CLAIM = re.compile(r"\bclaim(?:_between)?\(")
 
 # Outputs that differ from run to run whatever the machine: they are never compared.
 REASONS = {
@@ -28,9 +30,9 @@ def ignored_cells(chapter):
             continue
         reasons = [t for t in tags if t in REASONS]
         following = code[position + 1][1].source if position + 1 < len(code) else ""
-        if "claim(" in cell.source:
+        if CLAIM.search(cell.source):
             why = "claim in the cell"
-        elif "claim(" in following:
+        elif CLAIM.search(following):
             why = "claim in the next cell"
         elif reasons:
             why = reasons[0]

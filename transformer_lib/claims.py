@@ -27,3 +27,16 @@ def claim(holds: bool, statement: str, measured: str = "") -> None:
         raise ClaimFailed(f"the chapter says {statement!r}, but this run does not support it{detail}. "
                           "If you changed the code above, that may be why; otherwise please report it.")
     print(f"✓ {statement}")
+
+
+def claim_between(value: float, low: float | None, high: float | None, statement: str, measured: str = "") -> None:
+    """`claim(low <= value <= high, statement)` for one measured number, with its range written where a
+    test can read it.
+
+    The prose beside such a claim says the number a learner sees ("about 0.83 here") and the guarantee
+    the claim keeps on every machine ("at least 0.7"). tests/test_traceable_numbers.py reads `low` and
+    `high` from this call (number literals, or None for no bound) and accepts a rounded "about" number in
+    the chapter's prose only if it lies inside the range of a claim of the same notebook.
+    """
+    holds = (low is None or value >= low) and (high is None or value <= high)
+    claim(holds, statement, measured or f"{value:.4g}")
