@@ -208,6 +208,9 @@ def test_a_term_on_the_hub_from_release_to_resubmission(hub, browser):
     submit(page)
     collected = hub.classhub("collect").stdout
     assert f"Updating submission: {hub.wang} {CHAPTER}" in collected, collected
+    # Feedback now would be the old submission's: hub-feedback holds it back until it is graded.
+    held = hub.classhub("feedback", CHAPTER).stdout
+    assert f"{hub.wang} / {CHAPTER}: resubmitted since it was graded" in held, held
     alice_feedback = hub.course / "autograder" / "feedback" / hub.alice / CHAPTER / f"{CHAPTER}.html"
     untouched = alice_feedback.stat().st_mtime_ns
     second = hub.grade()

@@ -475,8 +475,9 @@ def feedback(args) -> int:
                 print(f"{login} / {chapter}: not graded yet (run make grade first)")
                 continue
             notebook = folder / f"{chapter}.ipynb"
-            entry = graded.get("submissions", graded).get(f"{login}/{chapter}") if isinstance(graded, dict) else None
-            if entry and notebook.exists() and entry.get("submission") not in (None, _digest(notebook)):
+            # autograder/regrade.py's record: what each submission's grade was made from
+            entry = graded.get("submissions", {}).get(login, {}).get(chapter) if isinstance(graded, dict) else None
+            if entry and notebook.exists() and entry.get("submission") != _digest(notebook):
                 print(f"{login} / {chapter}: resubmitted since it was graded (run make grade first)")
                 continue
             for name in ("timestamp.txt", "submission_secret.txt"):
