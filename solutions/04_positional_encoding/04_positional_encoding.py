@@ -10,9 +10,10 @@
 # # Chapter 04 — Positional encoding · 位置编码
 #
 # "我打他" (*I hit him*) and "他打我" (*he hit me*) use the same three characters. Only their order
-# differs, and the order is the whole meaning. Chapter 02 ended with a worrying fact: self-attention
-# does not see order. Shuffle the tokens and the outputs are shuffled the same way, nothing more. A
-# Transformer built from attention alone reads a sentence as a *bag* of tokens.
+# differs, and the order is the whole meaning. Section 8 of chapter 02 showed a worrying fact:
+# self-attention does not see order. Shuffle the tokens and the outputs are shuffled the same way, nothing
+# more. A Transformer built from attention alone reads a sentence as a *bag* of tokens; section 1 below
+# measures it again on 我打他.
 #
 # This chapter puts the order back. The recipe of *Attention Is All You Need* is short: give every
 # position a vector and **add** it to the token's embedding. The interesting part is which vectors:
@@ -704,8 +705,10 @@ print("sinusoidal, 9 tokens -> output of shape", tuple(sinusoidal_model(longer).
 #   $e_{ij} = q_i \cdot (k_j + a^K_{j-i}) / \sqrt{d_k}$, and a second vector $a^V_{j-i}$ to the value in
 #   the weighted sum, $z_i = \sum_j a_{ij} (v_j + a^V_{j-i})$. Offsets beyond a maximum distance $D$
 #   share the vector of $\pm D$ (clipping).
-# * **T5** (Raffel et al., 2020) adds a learned *scalar* per head to each score: $b^{(h)}$ of the offset's
-#   bucket. The buckets are exact for small offsets and logarithmically wider for large ones, up to 128.
+# * **T5** (Raffel et al., 2020, section 2.1) adds a learned *scalar* per head to each score: $b^{(h)}$ of the
+#   offset's bucket. The buckets are exact for small offsets and logarithmically wider for large ones, up to
+#   128. T5 keeps one such table for the whole model: every layer uses the same biases, and within a layer
+#   each head has its own.
 #
 # This chapter builds the scalar form, a **relative position bias**, with Shaw's simple clipping in place
 # of T5's logarithmic buckets. For head $h$,
@@ -874,7 +877,7 @@ print("head 0, attention of query 3 over the 5 keys:", attention.last_weights[0,
 # | | sinusoidal (absolute) | learned (absolute) | relative bias |
 # |---|---|---|---|
 # | where it acts | added to the input embeddings | added to the input embeddings | added to the attention scores |
-# | parameters | none | `max_len × d_model` | `heads × (2D + 1)` per layer |
+# | parameters | none | `max_len × d_model` | `heads × (2D + 1)` per layer (T5: one table for all layers) |
 # | longest input | any (computed on demand) | `max_len`, a hard limit | any (far offsets are clipped) |
 # | knows "position 5" | yes | yes | no, only offsets |
 # | knows "two to my left" | through the rotation $M_k$, learnable | only if trained at every position | directly |
@@ -891,11 +894,11 @@ print("head 0, attention of query 3 over the 5 keys:", attention.last_weights[0,
 
 # %%
 KINDS = ("none", "learned", "sinusoidal", "relative")
-results, copy_models = {}, {}
+results, reverse_models, copy_models = {}, {}, {}
 for kind in KINDS:
-    reverse_model = train_model(kind, "reverse", length=8)
+    reverse_models[kind] = train_model(kind, "reverse", length=8)
     copy_models[kind] = train_model(kind, "previous", length=16)
-    results[kind] = (accuracy(reverse_model, "reverse", 8), accuracy(copy_models[kind], "previous", 16),
+    results[kind] = (accuracy(reverse_models[kind], "reverse", 8), accuracy(copy_models[kind], "previous", 16),
                      accuracy(copy_models[kind], "previous", 32))
 
 
@@ -916,18 +919,44 @@ for kind, (rev, prev16, prev32) in results.items():
 #   Order itself is invisible to it.
 # * **Learned and sinusoidal** positions solve both tasks at the length they were trained on. The
 #   learned table simply has no row for position 16 and beyond.
-# * **The relative bias fails to reverse** (0.578): it knows how far apart two tokens are, not where
-#   the query is, and reversing needs a different offset at every position. But it **copies the previous
-#   token** at its training length and also at length 32 (0.984): "offset $-1$" means the same thing everywhere.
+# * **The relative bias reverses only in part** (0.578): that is 7 times chance and twice the model without
+#   positions (0.289), yet far from the absolute models' 1.000. A bias knows how far apart two tokens are,
+#   not where the query is, and reversing needs a different offset at every position. Where its 0.578 comes
+#   from is the next cell's question.
+# * **The relative bias copies the previous token** at its training length (1.000) and still at twice that
+#   length (0.984): "offset $-1$" means the same thing everywhere. Section 9's last cell shows how far that
+#   carries.
 # * **Sinusoidal** copies well up to the length it was trained on and worse beyond (0.659 at length 32):
 #   the rotation property *allows* a length-independent rule, but nothing forced this model to learn
 #   one using only positions 0–15. "Extrapolates" means "has a vector for every position", not "works there".
 #
+# **Predict**: which positions of the reversed sequence does the relative model get right?
+
+# %%
+tokens, targets = make_batch("reverse", 500, 8, torch.Generator().manual_seed(123))
+for kind in ("none", "relative"):
+    with torch.no_grad():
+        right = (reverse_models[kind](tokens).argmax(-1) == targets).float().mean(0)  # [8]: accuracy per position
+    print(f"reverse, {kind:>8} positions, accuracy per position 0..7:", " ".join(f"{r:.2f}" for r in right))
+table = reverse_models["relative"].relative.table.detach()  # [heads, 17]: offsets -8 .. 8
+D = reverse_models["relative"].relative.max_distance
+print("relative model, head 0, the bias of each offset:")
+print("  ".join(f"{m:+d}:{table[0, m + D]:+.2f}" for m in range(-7, 8)))
+
+# %% [markdown]
+# The ends of the sequence, not the middle. The relative model reverses position 0 and position 7 almost
+# always and the four middle positions no better than the model without positions. The edges leak
+# absolute position into the offsets: a query at position 0 has no key to its left, and offset $+7$ (the key
+# at distance 7 to the right) exists for it alone; offset $-7$ exists only for the query at position 7. So
+# a large bias on $\pm 7$, which the model learned (the first and last biases printed), sends exactly those
+# two queries to their mirror images. Positions 1 and 6 mostly succeed by the same trick one step in (the
+# next-largest biases are on $\pm 5$), and the even offsets, never an answer when the length is 8, are
+# pushed down. In the middle every query sees offsets on both sides, and nothing tells it where it stands.
+#
 # The attention of the two copy models at length 32 shows the difference: the relative model keeps one
 # line just below the diagonal (each token attends most to its left neighbour) over the whole sequence; the
-# sinusoidal one keeps it for the first 16 positions and then loses it. (The relative model's line is
-# faint: its bias is a fixed bonus, and with 32 keys the other 31 together still take most of the weight.
-# The largest single weight is enough for the read-out.)
+# sinusoidal one keeps it for the first 16 positions and then loses it. The relative model's line is
+# faint, and the last cell of this section says why.
 
 # %%
 tokens, _ = make_batch("previous", 1, 32, torch.Generator().manual_seed(11))
@@ -956,6 +985,37 @@ print(f"relative model at L=32: mean weight on the previous token {on_previous.m
       f"on the other 31 keys together {1 - on_previous.mean():.3f}")
 
 # %% [markdown]
+# A clipped bias is a fixed bonus. Offset $-1$ gets it; every other offset, including the far ones
+# clipped to $\pm D$, gets about the same lower bias. If the bonus is a gap $g$ on the scores, the
+# softmax gives the previous token about $e^{g} / (e^{g} + L - 1)$ of the weight: for large $L$ it halves
+# each time the length doubles. **Predict** what that does to the accuracy at lengths 64, 128 and 256.
+
+# %%
+model = copy_models["relative"]
+table = model.relative.table.detach()  # [heads, 17]: offsets -8 .. 8
+D = model.relative.max_distance
+others = torch.cat([table[:, : D - 1], table[:, D:]], dim=1)  # [heads, 16]: every offset but -1
+gap = table[:, D - 1] - others.mean(dim=1)  # [heads]: the bonus of offset -1 over the rest
+print("bias gap of offset -1 per head:", " ".join(f"{g:.2f}" for g in gap))
+print(f"{'length':>6} | {'accuracy':>8} | {'weight on previous':>18} | {'e^g / (e^g + L - 1)':>19}")
+for length in (16, 32, 64, 128, 256):
+    tokens, _ = make_batch("previous", 50, length, torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        model(tokens, need_weights=True)
+    measured = model.attn.last_weights.mean(1).diagonal(offset=-1, dim1=-2, dim2=-1).mean()  # mean over heads
+    predicted = (gap.exp() / (gap.exp() + length - 1)).mean()
+    print(f"{length:>6} | {accuracy(model, 'previous', length):>8.3f} | {measured:>18.3f} | {predicted:>19.3f}")
+
+# %% [markdown]
+# The weight on the previous token follows the formula, and the accuracy follows the weight down: the
+# output of a query is its previous token's value times that weight plus a blur of all the other tokens,
+# and the blur's random part shrinks only like $1/\sqrt{L}$ (it is an average of $L - 1$ random tokens)
+# while the signal shrinks like $1/L$. So "offset $-1$ means the same everywhere" holds for the rule the
+# model learned, not for its accuracy: measured here, 1.000 at the training length, 0.984 at twice it, and
+# 0.409 at sixteen times it. A bias table could keep a sharp line at any length only with a gap that grows
+# like $\log L$, which a model trained at one length has no reason to learn.
+
+# %% [markdown]
 # ## Summary
 #
 # * Self-attention is **permutation equivariant**: without positions, 我打他 and 他打我 give the same
@@ -970,10 +1030,12 @@ print(f"relative model at L=32: mean weight on the previous token {on_previous.m
 # * **Adding instead of concatenating** saves width; concatenation followed by a linear map is itself an
 #   addition; and in high dimension word and position vectors are nearly orthogonal.
 # * **Learned positions** train well but stop at `max_len`. **Relative position biases** (a scalar per head
-#   and clipped offset, gathered from a table, as in T5) know only offsets: useless for reversing, perfect
-#   for "the previous token" at any length. Shaw et al.'s relative representations are the vector version,
-#   added to keys and values. Sinusoidal vectors exist at every length, but a model trained on short
-#   inputs need not use them well on long ones.
+#   and clipped offset, gathered from a table, as in T5, which shares one table across its layers) know only
+#   offsets: they reverse only the ends of a sequence, where the edges reveal the position, and copy the
+#   previous token perfectly at the training length but less well the longer the input, since a fixed bonus
+#   is shared among more keys. Shaw et al.'s relative representations are the vector version, added to keys
+#   and values. Sinusoidal vectors exist at every length, but a model trained on short inputs need not use
+#   them well on long ones.
 #
 # ## What's next
 #
