@@ -197,6 +197,9 @@ n = len(token_ids)
 print("counts:", list(counts.shape), "| symmetric:", torch.equal(counts, counts.T))
 print(f"total counts {counts.sum().item():.0f}  vs  2 * (w*n - w*(w+1)/2) = {2 * (WINDOW * n - WINDOW * (WINDOW + 1) // 2)}")
 print(f"share of word pairs never seen together: {(counts == 0).float().mean().item():.1%}")
+word_totals = counts.sum(dim=1)  # [V]; C is symmetric, so these are the column sums too
+rare_pairs = torch.outer(word_totals, word_totals) < counts.sum()  # [V, V]: expected count C_a. C_.b / N below 1
+print(f"share of word pairs expected to meet less than once by chance: {rare_pairs.float().mean().item():.1%}")
 print("C[true, false] =", counts[vocab.id("true"), vocab.id("false")].item())
 
 # %% [markdown]
@@ -225,11 +228,18 @@ for word in ["exception", "true"]:
 # $$\mathrm{PMI}(a, b) = \log \frac{P(a, b)}{P(a)\,P(b)} = \log \frac{C_{ab}\, N}{C_{a\cdot}\; C_{\cdot b}},$$
 #
 # where $N = \sum_{ab} C_{ab}$ is the total count, $C_{a\cdot}$ the sum of row $a$ and $C_{\cdot b}$ the sum of
-# column $b$. PMI is positive when the words attract each other, negative when they avoid each other,
-# and $-\infty$ when they never met. Negative values come from too little data to be trusted (two rare
-# words *should* rarely meet), so we keep only the positive part — **positive PMI**:
+# column $b$. PMI is positive when the words meet more often than chance, near 0 when they meet about as
+# often as chance predicts, negative when they meet less often, and $-\infty$ when they never met. The
+# negative values are the ones a text of this size cannot back up: to show that a pair meets *less* often
+# than chance, its expected count $C_{a\cdot} C_{\cdot b} / N$ must be large enough for a shortfall to stand
+# out from bad luck, and for 96.1% of the pairs of our vocabulary it is below one meeting (printed above).
+# Jurafsky and Martin
+# (*Speech and Language Processing*, 3rd edition draft, section 6.6) give this reason for keeping only the
+# positive part — **positive PMI**:
 #
-# $$\mathrm{PPMI}(a, b) = \max\big(\mathrm{PMI}(a, b),\ 0\big), \qquad \text{and } 0 \text{ where } C_{ab} = 0.$$
+# $$\mathrm{PPMI}(a, b) = \max\big(\mathrm{PMI}(a, b),\ 0\big),$$
+#
+# and PPMI is 0 wherever $C_{ab} = 0$.
 
 # %% [markdown]
 # ### Exercise 2 — `ppmi`
@@ -306,8 +316,10 @@ for word in ["exception", "true"]:
 # PPMI that keeps the first, dominant direction from drowning out the rest; Levy et al., 2015.)
 # `svd_vectors` in the library does this with `torch.linalg.svd`.
 #
-# This is essentially what word2vec learns too: Levy and Goldberg (2014) showed that its training
-# objective is a factorisation of a shifted PMI matrix.
+# One variant of word2vec is closely related: **skip-gram with negative sampling** (SGNS). Levy and
+# Goldberg (2014) showed that, at its optimum, SGNS factorises a word–context PMI matrix shifted down by
+# $\log k$ ($k$ negative samples per pair). The result is about SGNS, not every variant of word2vec, and SGNS
+# reaches its factorisation by a weighted, stochastic optimisation rather than an exact SVD.
 
 # %%
 DIM = 50
@@ -315,12 +327,18 @@ vectors = svd_vectors(association, DIM)  # [V, 50]
 static = StaticVectors(vocab, vectors)
 print("word vectors:", list(vectors.shape))
 print("the vector of 'list' starts with", vectors[vocab.id("list"), :5])
+lengths = vectors.norm(dim=-1)  # [V]
+log_frequency = torch.tensor([vocab.counts[i] for i in range(len(vocab))], dtype=torch.float32).log()  # [V]
+print(f"correlation of a vector's length with the log of its word's frequency: "
+      f"{torch.corrcoef(torch.stack([lengths, log_frequency]))[0, 1].item():.2f}")
 
 # %% [markdown]
 # ### 1.5 Comparing vectors: cosine similarity
 #
-# Two word vectors are similar when they point in the same direction. Their length mostly reflects
-# how frequent the word is, so we compare directions only, with the **cosine** of the angle:
+# Two word vectors are similar when they point in the same direction. Their lengths carry something else:
+# here they rise with the word's frequency, a correlation of 0.57 with its log (printed above), clear but
+# far from complete. Whatever the length holds, two words with the same neighbours should count as similar
+# even when one is much rarer than the other, so we compare directions only, with the **cosine** of the angle:
 #
 # $$\cos(a, b) = \frac{a \cdot b}{\lVert a \rVert\, \lVert b \rVert} \in [-1, 1].$$
 #
@@ -428,6 +446,29 @@ ax.legend(fontsize=8, loc="best")
 plt.show()
 
 # %% [markdown]
+# Numbers and control flow stand apart; errors and classes overlap, and *while* lands near the errors. Before
+# reading that as "the vectors confuse errors with classes", ask how much of the 50 dimensions the picture keeps,
+# and whether the groups still overlap in all 50:
+
+# %%
+group_words = [w for group in GROUPS.values() for w in group]
+group_of = {w: group for group, members in GROUPS.items() for w in members}
+points = torch.stack([static[w] for w in group_words])  # [20, 50]
+spread = torch.linalg.svdvals(points - points.mean(dim=0)) ** 2  # variance along each main direction
+print(f"share of the 20 points' variance the two plotted directions keep: {(spread[:2].sum() / spread.sum()).item():.0%}")
+similarity = cosine_similarity_impl(points, points).fill_diagonal_(-2.0)  # [20, 20], a word is not its own neighbour
+closest = [group_words[j] for j in similarity.argmax(dim=-1).tolist()]
+same = sum(group_of[w] == group_of[c] for w, c in zip(group_words, closest))
+print(f"words whose nearest of the other 19, by cosine in 50 dimensions, is in their own group: {same} of 20")
+
+# %% [markdown]
+# The two plotted directions keep 43% of the variance, less than half. A projection can only bring points closer,
+# never push them apart, so groups that stand apart in the picture are apart in the 50 dimensions too; an
+# overlap, on the other hand, may be the projection's doing. Here it is: by the cosine this chapter compares
+# words with, in all 50 dimensions, every one of the 20 words has a word of its own group as its nearest
+# neighbour. Read a 2-D projection for the separations it shows, and check an overlap in the full space before
+# believing it.
+#
 # ## 2. One vector, two meanings: 苹果 · 一词多义
 #
 # Static vectors have a hard limit built in: **one word, one vector**, fixed once training is over,
@@ -703,8 +744,9 @@ plt.show()
 # ones that matter now: to write *verte* it should look at *green*. In the simple **dot-product** form
 # (Luong et al., 2015):
 #
-# $$e_{tj} = s_t \cdot h_j \quad \text{(score)}, \qquad a_{tj} = \frac{\exp(e_{tj})}{\sum_{j'} \exp(e_{tj'})} \quad \text{(weights)}, \qquad c_t = \sum_j a_{tj}\, h_j \quad \text{(context vector)}.$$
+# $$e_{tj} = s_t \cdot h_j, \qquad a_{tj} = \frac{\exp(e_{tj})}{\sum_{j'} \exp(e_{tj'})}, \qquad c_t = \sum_j a_{tj}\, h_j:$$
 #
+# first a **score** $e_{tj}$ for every source word, then the **weights** $a_{tj}$, then the **context vector** $c_t$.
 # The weights $a_{t\cdot}$ say *where the decoder looks* while writing word $t$: a soft **alignment**
 # between target and source words. The context vector $c_t$ is what it reads there. (Bahdanau et al. write these
 # weights $\alpha_{tj}$ and Luong et al. $a_t(s)$; this course writes attention weights $a$ in every chapter.)
@@ -768,14 +810,19 @@ context, weights = alignment_impl(torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0
 print("weights", weights, "\ncontext", context)
 
 # %% [markdown]
-# This is exactly the attention of the Transformer, minus the $1/\sqrt{d}$ scale: the library's
-# reference `alignment` is one line, `scaled_dot_product_attention(decoder_states, encoder_states, encoder_states, scale=1.0)`.
+# This is the core of the Transformer's attention, with the decoder states as queries and the encoder states
+# as both keys and values: the library's reference `alignment` is one line,
+# `scaled_dot_product_attention(decoder_states, encoder_states, encoder_states, scale=1.0)`. Three parts of the
+# Transformer's version are still missing: the $1/\sqrt{d}$ scale and the learned matrices $W^Q$, $W^K$, $W^V$ that
+# turn states into queries, keys and values (chapter 02), and the several heads that run side by side
+# (chapter 03).
 #
 # To see an alignment we need encoder and decoder states that mean something. A trained translation
 # model would learn them; here we build them by hand. Each of 5 dimensions stands for one meaning
 # (*person, eat, article, green, apple*); each English word gets the meaning it carries (*is* is
 # mostly part of "eating", a little of "she"), and the decoder state for each French word points to
-# the meaning it is about to express, times 3 to make the weights clear-cut. A little noise keeps
+# the meaning it is about to express, times 3 to make the weights clear-cut: that list of meanings,
+# `target_meaning`, is where we write down which French word expresses which meaning. A little noise keeps
 # it honest.
 
 # %%
@@ -819,8 +866,14 @@ plt.show()
 
 # %% [markdown]
 # The bright diagonal bends where the languages disagree: *pomme* looks at *apple* and *verte* at *green*,
-# crossing over. *mange* splits its attention between *eating* and *is* — one French word for two English
-# words. No rule about word order was written anywhere; the alignment comes out of the similarities.
+# crossing over. *mange* gives most of its weight to *eating* and some to *is* — one French word for two
+# English words. Be clear about what was built in and what was computed. We built in the meanings: the
+# crossing is in `target_meaning = [0, 1, 2, 4, 3]`, which has *pomme* express the apple meaning and *verte*
+# the green one, and *mange* shares *is* because we gave *is* part of the eating meaning. What the
+# computation adds is the step from meanings to positions: the weights are a softmax of dot products, which
+# know nothing about word order, so each French word finds the English word that carries its meaning wherever
+# that word stands, and a crossing in meaning becomes a crossing in the picture. In a trained translation
+# model the states themselves are learned, and the alignment with them (chapter 07 trains such a model).
 #
 # ## 6. Why not a recurrent network? Slow and forgetful · RNN 的两个短板
 #
@@ -843,21 +896,24 @@ plt.show()
 #
 # $h_t$ needs $h_{t-1}$, which needs $h_{t-2}$, ...: a chain of $L$ steps that cannot run in parallel, however
 # many processor cores are available. Self-attention compares every position with every other in one
-# matrix product, $X X^\top$, in which all $L^2$ comparisons are independent. Count the steps that must
+# matrix product, $X X^\top$, in which all $L^2$ comparisons are independent. Count the operations that must
 # happen one after the other, and the number of steps information needs to travel from the first token
-# to the last:
+# to the last. Vaswani et al. (2017, Table 1) write both as $O(n)$ for a recurrent layer and $O(1)$ for
+# self-attention: a fixed number of matrix products, whatever the length.
 
 # %%
-print(f"{'length L':>9} | {'RNN: sequential steps':>21} | {'attention: sequential matmuls':>29} | path first -> last: RNN, attention")
+print(f"{'length L':>9} | {'RNN: sequential steps':>21} | {'attention: sequential operations':>32} | path first -> last: RNN, attention")
 for L in [8, 64, 512, 4096]:
-    print(f"{L:>9} | {L:>21} | {1:>29} | {L - 1:>5}, 1")
+    print(f"{L:>9} | {L:>21} | {'O(1)':>32} | {L - 1:>5}, 1")
 
 # %% [markdown]
-# A small timing on this machine's CPU (the numbers vary from run to run; on a GPU, which runs thousands of
-# operations at once, the gap is far larger):
+# A small timing on this machine's CPU (the numbers vary from run to run and from machine to machine). We time
+# two RNNs that compute the same $L$ steps: a Python loop that calls `torch.nn.RNNCell` once per step, and
+# `torch.nn.RNN`, which runs the loop inside PyTorch's C++ code:
 
 # %% tags=["nbval-ignore-output", "timing"]
 rnn_cell = torch.nn.RNNCell(64, 64)
+rnn_layer = torch.nn.RNN(64, 64)  # the same recurrence, its loop in C++
 
 
 def run_rnn(x):  # x: [L, 64]
@@ -865,6 +921,10 @@ def run_rnn(x):  # x: [L, 64]
     for t in range(len(x)):  # L steps, one after the other
         h = rnn_cell(x[t], h)
     return h
+
+
+def run_rnn_layer(x):  # x: [L, 64]
+    return rnn_layer(x)[0][-1]  # still L steps one after the other, without Python between them
 
 
 def run_attention(x):  # all L x L pairs in one go
@@ -885,10 +945,18 @@ def best_time_ms(f, x, repeats=3):
 with torch.no_grad():
     for L in [128, 512]:
         x = torch.randn(L, 64)
-        print(f"L = {L:4}: RNN loop {best_time_ms(run_rnn, x):6.2f} ms, "
-              f"self-attention {best_time_ms(run_attention, x):6.2f} ms")
+        loop_ms = best_time_ms(run_rnn, x)
+        print(f"L = {L:4}: Python loop of RNNCell {loop_ms:6.2f} ms ({1000 * loop_ms / L:4.1f} µs a step), "
+              f"nn.RNN {best_time_ms(run_rnn_layer, x):6.2f} ms, self-attention {best_time_ms(run_attention, x):6.2f} ms")
 
 # %% [markdown]
+# Compare the two RNN columns first. They compute the same steps; what the loop adds is a call from Python into
+# PyTorch at every step, and for matrices this small that call costs more than the arithmetic, so most of the
+# loop's time is overhead. `nn.RNN` takes the same $L$ steps without returning to Python between them, but it
+# still takes them one after the other. A CPU timing like this one therefore measures overheads as much as
+# parallelism; what holds on any hardware is the count above: however many cores a machine has, an RNN cannot
+# use them to take its steps at once, while attention's $L^2$ comparisons can all run at the same time.
+#
 # (Attention pays for its parallelism with memory and arithmetic that grow as $L^2$; chapter 11 measures
 # that and looks at the remedies.)
 #
@@ -997,15 +1065,15 @@ for label, network in variants.items():
 #   translation models both, linked by cross-attention.
 # * Attention started as **alignment**: score each encoder state against the decoder state, softmax,
 #   and read a weighted average, the context vector.
-# * RNNs are **slow** ($L$ sequential steps) and **forgetful** (influence decays exponentially with
-#   distance, at a rate set by the weights: PyTorch's default initialisation gives about 0.5 per step
-#   here); attention is one parallel step and one hop between any two positions.
+# * RNNs are **slow** ($L$ sequential steps, $O(1)$ for attention) and **forgetful** (influence decays
+#   exponentially with distance, at a rate set by the weights: 0.53 per step here, with PyTorch's default
+#   initialisation); attention connects any two positions in one hop.
 #
 # ## What's next
 #
 # In this chapter, attention compared raw word vectors. Chapter 02 gives every token three learned roles —
 # **query, key and value** — scales the scores by $1/\sqrt{d_k}$ and finds out why, and writes self-attention
-# for a whole sentence in three matrix products.
+# for a whole sentence in five matrix products.
 
 # %% [markdown]
 # ## Where you stand
