@@ -96,7 +96,7 @@ def hide_cases(message: str, checker_name: str, language: str, kit) -> str:
         return message
     for described, name in kit.hidden_cases_zh.get(checker_name, []):
         message = message.replace(described, say("a hidden case", language))
-        message = message.replace(f"「{name}」", say("(a hidden case)", language))
+        message = message.replace(f"“{name}”", say("(a hidden case)", language))
     return message
 
 

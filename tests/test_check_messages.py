@@ -111,7 +111,7 @@ def test_a_shape_error_and_a_case_are_described_in_chinese():
     checker = get_checker("softmax")
     verdict = checker.judge(checker.collect_outputs(lambda x: x[..., :1]), language=CHINESE)
     case = checker.cases()[0]
-    assert verdict.message.startswith(f"softmax：用例「{say(case.name, CHINESE)}」")
+    assert verdict.message.startswith(f"softmax：用例“{say(case.name, CHINESE)}”")
     assert "形状不对，应为" in verdict.message
 
 
