@@ -23,7 +23,7 @@
 # 4. **Softmax** — scores become weights that sum to one (and how to compute it without overflow).
 # 5. **The weighted sum** — and the mask that hides keys a query must not see.
 # 6. **A worked toy example** (Raimi Karim's, 2019), checked number by number.
-# 7. **The matrix form** — the whole sentence in three matrix products.
+# 7. **The matrix form** — the whole sentence in five matrix products.
 # 8. **Permutation equivariance** — what attention does *not* know about word order.
 # 9. **An attention heatmap** of a small sentence.
 # 10. **A self-attention layer** that owns its $W^Q, W^K, W^V$ and reads a batch of sentences of different lengths.
@@ -194,7 +194,9 @@ print(f"q1 . k2 = {q1 @ k2:.0f}")
 # produces). Each product $q_m k_m$ then has mean 0 and variance
 # $\mathbb{E}[q_m^2]\,\mathbb{E}[k_m^2] = 1$, and the dot product adds $d_k$ independent such terms:
 #
-# $$\mathrm{Var}(q \cdot k) = d_k, \qquad \text{so the typical size of a score is } \sqrt{d_k}.$$
+# $$\mathrm{Var}(q \cdot k) = d_k,$$
+#
+# so the typical size of a score is $\sqrt{d_k}$.
 #
 # Large scores are bad news for the softmax that comes next: when one score is far above the others,
 # softmax gives it (almost) all the weight — a near one-hot vector — and its gradient almost vanishes,
@@ -582,9 +584,10 @@ print("scaled output of token 1 :", [f"{z:.2f}" for z in out_scaled[0].tolist()]
 #
 # $$Z = \mathrm{softmax}\!\left(\frac{(XW^Q)(XW^K)^\top}{\sqrt{d_k}}\right) XW^V,$$
 #
-# with the softmax taken along each row. Each row of $Z$ is one token's new, context-aware vector. Two matrix
-# products replace a loop over tokens, which is what lets a GPU process a whole sentence in parallel (an RNN
-# must go word by word).
+# with the softmax taken along each row. Each row of $Z$ is one token's new, context-aware vector. Count the
+# matrix products: three projections ($XW^Q$, $XW^K$, $XW^V$), the scores $QK^\top$, and the weights times $V$ —
+# five in all, and none of them loops over the tokens, which is what lets a GPU process a whole sentence in
+# parallel (an RNN must go word by word).
 
 # %% [markdown]
 # ### Exercise 5 — `self_attention`
@@ -736,13 +739,15 @@ fig.tight_layout()
 plt.show()
 
 it = tokens.index("it")
-print("row of 'it':", {t: round(w, 2) for t, w in zip(tokens, A_sent[it].tolist())})
+print("row of 'it':", "  ".join(f"{t} {w:.2f}" for t, w in zip(tokens, A_sent[it].tolist())))
+print(f"sum of the row: {A_sent[it].sum():.2f}")
 
 # %% [markdown]
 # Reading the picture:
 #
-# * The row of *it* puts most of its weight on *animal* (the printed row above): with these matrices the
-#   pronoun resolves to the animate noun — the kind of relation Alammar's article shows a trained model learning.
+# * The row of *it* puts 0.62 of its weight on *animal* and 0.14 on *street* (the printed row above, one entry per
+#   token, summing to 1): with these matrices the pronoun resolves to the animate noun — the kind of relation
+#   Alammar's article shows a trained model learning.
 # * *tired* gives its largest weight to *animal* too, and the verbs spread their attention over the two nouns.
 # * The nouns and the function words (*the*, *because*) have a zero query, so every score in their row is 0
 #   and softmax gives a **uniform** row: no preference is not the same as no attention.
@@ -766,7 +771,7 @@ print("row of 'it':", {t: round(w, 2) for t, w in zip(tokens, A_sent[it].tolist(
 # A model also reads many sentences at once, and a batch is one rectangular tensor `[batch, seq, d_model]`.
 # Sentences shorter than the longest one are filled up at the end with **padding** positions, and a tensor
 # `lengths` says how many positions of each sentence are real: sentence $b$ holds its tokens at positions
-# $0, \dots, \text{lengths}[b] - 1$. Padding means nothing, so no real token may attend to it. Otherwise a word's
+# 0 to `lengths[b] - 1`. Padding means nothing, so no real token may attend to it. Otherwise a word's
 # vector would depend on how long the *other* sentences of its batch happen to be, and the same sentence would
 # come out differently in a different batch.
 #
@@ -879,6 +884,11 @@ claim(alone_error < 1e-6, "with the lengths, the short sentence's real tokens ge
 print(f"without the lengths, their outputs move by up to {seen_error:.2f}")
 
 # %% [markdown]
+# The same 147 parameters served a sentence of ten tokens and one of four. They are the three matrices, and each
+# acts on one token's vector at a time, so their number depends on $d_{model}$, $d_k$ and $d_v$ and not on the
+# length of the sequence (Prince, *Understanding Deep Learning*, 2023, section 12.2.3): one layer reads sentences
+# of any length.
+#
 # With the lengths, the real tokens of *the animal was tired* get exactly the vectors they get alone: padding
 # the batch changed nothing. Without them, the zero vectors of the padding soak up attention: *the* has a zero
 # query, so its scores are all equal and its weight spreads evenly over all ten positions, six of them
@@ -918,8 +928,9 @@ plt.show()
 # * Karim's toy output $[2.0, 7.0, 1.5]$ uses weights rounded to 0.0/0.5/0.5 and no scale; the exact
 #   unscaled output is $\approx [1.94, 6.68, 1.60]$.
 # * Self-attention is **permutation equivariant**: it sees a set of tokens, not a sequence.
-# * A **self-attention layer** owns $W^Q, W^K, W^V$ as `nn.Linear` layers (which store them transposed). In a
-#   padded batch, padding is hidden as **keys**, so a sentence gets the same vectors in any batch.
+# * A **self-attention layer** owns $W^Q, W^K, W^V$ as `nn.Linear` layers (which store them transposed); their
+#   number does not depend on the sequence length. In a padded batch, padding is hidden as **keys**, so a
+#   sentence gets the same vectors in any batch.
 #
 # ## What's next
 #
