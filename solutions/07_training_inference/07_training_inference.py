@@ -76,7 +76,7 @@ from transformer_lib.checks.ch07 import (
     check_top_k_filter,
     check_train_step,
 )
-from transformer_lib.claims import claim
+from transformer_lib.claims import claim, claim_between
 from transformer_lib.datasets import DATE_FORMATS, dates_task, format_date, make_loader
 from transformer_lib.decoding import gnmt_length_penalty, reorder_cache, sample_next_token, sequence_log_prob
 from transformer_lib.diagrams.ch07 import draw_encoder_decoder
@@ -560,9 +560,9 @@ label_smoothed_targets_impl = yours_or_reference(label_smoothed_targets, check_l
 # The loss the model is trained on compares the generator's log-probabilities with these targets, position by
 # position, and averages over the positions that are real tokens:
 #
-# $$\mathcal{L} = \frac{1}{N} \sum_{\text{positions } t} H(q_t, p_t), \qquad H(q_t, p_t) = -\sum_v q_{t,v} \log p_{t,v},$$
+# $$\mathcal{L} = \frac{1}{N} \sum_{t} H(q_t, p_t), \qquad H(q_t, p_t) = -\sum_v q_{t,v} \log p_{t,v},$$
 #
-# where $N$ is the number of positions whose target is not `<pad>`. A padded position's $q_t$ is all zeros, so
+# where the sum runs over the positions $t$ and $N$ is the number of positions whose target is not `<pad>`. A padded position's $q_t$ is all zeros, so
 # it adds nothing to the sum; it must not count in $N$ either, or a batch with more padding would get a
 # smaller loss for the same predictions.
 #
@@ -806,9 +806,11 @@ noam_learning_rate_impl = yours_or_reference(noam_learning_rate, check_noam_lear
 # The paper trains its base model for 100,000 steps (Vaswani et al., 2017, section 5.2); we have a few hundred.
 # So our run uses a shorter warm-up (100 steps), a factor 0.6 in front of eq. 3 (the Annotated Transformer has the
 # same knob), and one change the paper does not make: over the last 150 steps the rate is scaled down linearly to 0, a **cool-down**. After a few hundred
-# steps the $1/\sqrt{\mathrm{step}}$ decay has barely started, and with the rate still high the weights keep
-# jumping between nearly-right solutions, so the accuracy after the last step would be partly luck. The
-# cool-down lets them settle. (The paper gets a similar effect by averaging its last checkpoints.)
+# steps the $1/\sqrt{\mathrm{step}}$ decay has barely started, so without it the last steps would still be
+# large ones, and the weights we keep would be wherever the last of them left them. The cool-down makes the last
+# steps small. We have not trained without it here, so this chapter does not show how much it changes the final
+# accuracy: set `COOLDOWN = 0` below and train again to see it on your machine. (The paper instead averages its
+# last checkpoints, section 6.1.)
 # `noam_lambda(..., rate_fn=noam_learning_rate_impl)` builds this schedule on your eq. 3:
 
 # %%
@@ -1017,7 +1019,11 @@ claim(all(floor < h < floor + 0.05 for h in late),
 # ```
 #
 # Each process saves its final weights; `tests/test_training.py` runs it and checks that the two processes end
-# with bit-identical weights.
+# with bit-identical weights. Note what two processes change: each reads `--batch-size` examples a step (128 by
+# default, its own share), so a step averages the gradients of 256 examples, twice the batch of one process, and
+# 400 steps read twice as many examples. The run is then not the one-process run made faster, but a run with a
+# larger batch; to keep one process's batch, halve `--batch-size`. (The command's defaults are not this
+# notebook's settings either: one process there reads 128 examples a step, the notebook 96.)
 # %% [markdown]
 #
 # ## 9. Exact match on dates the model has never seen
@@ -1050,12 +1056,15 @@ wrong = [(s, g, p) for (s, g), p in zip(task.test, predictions) if p != g]
 print(f"{len(wrong)} wrong:", wrong[:5])
 
 # %% tags=["skip-when-grading"]
-claim(accuracy >= 0.99, "the trained model writes at least 99% of the 1,000 held-out dates exactly right",
-      measured=f"{accuracy:.1%}")
+claim_between(accuracy, 0.99, None, "the trained model writes at least 99% of the 1,000 held-out dates exactly right",
+              measured=f"{accuracy:.1%}")
 
 # %% [markdown]
-# The model writes at least 99% of the held-out dates exactly right in ISO form, after a few hundred steps on one
-# CPU thread. Try your own: write a date in one of the twelve styles, in the next cell.
+# After 400 steps on one CPU thread the model writes about 99.8% of the held-out dates exactly right in ISO form
+# here, and at least 99% on every CPU we tried. That is one training run, from one seed (`torch.manual_seed(0)`
+# before the model is built): we have not trained from other seeds, so how much the score varies with the initial
+# weights and the order of the batches is not something this chapter shows. Try your own dates: write one in any
+# of the twelve styles, in the next cell.
 
 # %% tags=["skip-when-grading"]
 def to_iso(text: str) -> str:
@@ -1106,6 +1115,8 @@ measured = f"teacher forcing {forced_acc.tolist()}, free running {free_acc.tolis
 gap = forced_acc - free_acc  # [T]: how much accuracy free running loses at each position
 claim(torch.equal((forced == test_tgt).all(1), (free == test_tgt).all(1)),
       "whole dates: teacher forcing and free running get exactly the same dates right", measured=measured)
+claim_between((free == test_tgt).all(1).float().mean().item(), 0.3, 0.7,
+              "the half-trained model is far from done: it gets between 30% and 70% of the whole dates right")
 claim(bool((gap > -0.005).all()), "at no position is free running more accurate than teacher forcing by 0.005 or more",
       measured=measured)
 claim(set(forced_acc.topk(2, largest=False).indices.tolist()) == {2, 8},
@@ -1116,13 +1127,18 @@ claim(set(gap.topk(2).indices.tolist()) == {3, 9} and gap[[3, 9]].min() > 0.05,
       measured=measured)
 
 # %% [markdown]
-# Two things to read in these numbers (the digits are your CPU's; the ✓ lines say what holds on every CPU).
-# First, the *whole-date* accuracies are equal, and must be: if every character is right under teacher forcing,
-# greedy decoding reads exactly the gold prefix at every step and writes the same characters. Second, position by
-# position, free running is nowhere more accurate (beyond a handful of dates), and the gap is largest right
-# *after* the positions where the model hesitates (the third digit of the year, the first of the day): a wrong
-# character becomes part of the input for everything that follows. The next cell counts the dates that get more
-# wrong characters free running than teacher forced, and shows the one where free running adds the most:
+# Three things to read in these numbers (the digits are your CPU's; the ✓ lines say what holds on every CPU).
+# First, the *whole-date* accuracies are equal (about 0.49 here, between 0.3 and 0.7 on every CPU we tried), and
+# must be: if every character is right under teacher forcing, greedy decoding reads exactly the gold prefix at
+# every step and writes the same characters. Second, what the gap between the two rows measures. Up to a date's
+# first wrong character, free running reads the gold prefix, so it writes what teacher forcing writes; the two can
+# differ at a position only on a date where free running already wrote a wrong character earlier. The gap at a
+# position is therefore not how often the model slips there, but how far earlier slips spread: what the dates that
+# already went wrong lose at that position. Third, that spread: free running is nowhere more accurate (beyond a
+# handful of dates), and the gap is largest right *after* the positions where the model hesitates most (the third
+# digit of the year, the first of the day), because a wrong character becomes part of the input for everything
+# that follows. The next cell counts the dates that get more wrong characters free running than teacher forced,
+# and shows the one where free running adds the most:
 
 # %% tags=["nbval-ignore-output", "skip-when-grading"]
 extra_errors = (free != test_tgt).sum(1) - (forced != test_tgt).sum(1)  # [1000]
@@ -1459,6 +1475,8 @@ claim(beam_wins >= 0.9 * len(differ),
       measured=f"{beam_wins} of {len(differ)}")
 claim(half_beam_acc >= half_greedy_acc, "on the half-trained model, beam search is at least as accurate as greedy",
       measured=f"greedy {half_greedy_acc:.1%}, beam {half_beam_acc:.1%}")
+claim_between(half_greedy_acc, 0.3, 0.7, "on the half-trained model, greedy decoding gets between 30% and 70% of these dates right")
+claim_between(half_beam_acc, 0.3, 0.7, "on the half-trained model, beam search gets between 30% and 70% of these dates right")
 claim(agree >= 0.99 * len(beam_gold), "on the trained model, the two write the same output for at least 99% of the dates",
       measured=f"{agree} of {len(beam_gold)}")
 claim(all(beam_lp >= greedy_lp - 1e-4 for greedy_lp, beam_lp in mean_log_p.values()),
@@ -1468,11 +1486,20 @@ claim(all(beam_lp >= greedy_lp - 1e-4 for greedy_lp, beam_lp in mean_log_p.value
 # %% [markdown]
 # Beam search finds outputs that the model itself rates as more probable: a larger $\log P$ on at least 90% of
 # the dates where the two disagree (the last printed line counts them), and at least greedy's mean $\log P$ on
-# both models. On the half-trained model that makes it at least as accurate as greedy decoding (compare the first
-# lines). On the trained model there is nothing left to fix: when the model is confident, greedy and beam search
-# agree (on at least 99% of these dates). Beam search costs about `beam_size` times the work of greedy decoding,
-# so it pays off where the model hesitates: translation and summarisation use it; chat models, which want
-# variety, sample instead.
+# both models. On this half-trained model it was also a little more accurate: about 51% of the 500 dates exactly
+# right here, against about 48% for greedy decoding (on every CPU we tried, beam search was at least as accurate).
+# On the trained model there is nothing left to fix: when the model is confident, greedy and beam search agree
+# (on at least 99% of these dates).
+#
+# That is what one small model shows with four beams, on a task with one right answer. It is not a law: a more
+# probable output is a better one only where the model's probabilities are right, and in translation they often
+# are not. Koehn and Knowles ("Six Challenges for Neural Machine Translation", 2017) found that translation
+# quality rises with the beam size only up to a point and then falls as the beam grows larger. Stahlberg and Byrne
+# ("On NMT Search Errors and Model Errors: Cat Got Your Tongue?", 2019) searched exactly for the most probable
+# translation and found that for more than half of the sentences it was the empty one. A wider search then finds
+# the model's errors more often, not better translations; the length penalty is one of the remedies. Beam search
+# costs about `beam_size` times the work of greedy decoding; translation and summarisation use it with a few
+# beams, and chat models, which want variety, sample instead.
 #
 # ## 13. What encoding once and the cache save
 #
@@ -1559,20 +1586,25 @@ print(f"cross-attention query-key products    : no cache {sum(t * S for t in ran
 # %% [markdown]
 # For short outputs like ours the projections and the FFN dominate: with the cache, a new position costs about
 # $14\, d_{model}^2$ multiply-adds in each decoder layer (six $d_{model} \times d_{model}$ projections and an FFN
-# with $d_{ff} = 4\, d_{model}$), against about $2\, t\, d_{model}$ for its self-attention over $t$ cached keys.
-# The two are equal at $t = 7\, d_{model}$. For a few widths:
+# with $d_{ff} = 4\, d_{model}$), against about $2\, t\, d_{model}$ for its self-attention over $t$ cached keys
+# (the scores and the weighted sum of the values, $t\, d_{model}$ each) and $2\, S\, d_{model}$ for its
+# cross-attention over the $S$ source positions. (The six projections are the four of self-attention and the query
+# and output projections of cross-attention; the memory's keys and values are projected once per sentence, and
+# kept in the cache.) The two sides are equal when $t + S = 7\, d_{model}$: the source and the output share one
+# budget. For a few widths:
 
 # %%
 widths = [("our model", config.d_model), ("the paper's base model", 512), ("a wider model", 4096), ("GPT-3's width", 12_288)]
 for name, d in widths:
-    print(f"{name:<22}  d_model {d:>6,}:  14 d^2 = 2 t d  at  t = 7 d_model = {7 * d:>6,} tokens")
+    print(f"{name:<22}  d_model {d:>6,}:  14 d^2 = 2 (t + S) d  at  t + S = 7 d_model = {7 * d:>6,} tokens")
 
 # %% [markdown]
-# So attention catches up with the rest only after 448 tokens in our model, 3,584 in the paper's base model, 28,672
-# at a $d_{model}$ of 4,096, and 86,016 for an encoder–decoder as wide as GPT-3, whose $d_{model}$ is 12,288 (Brown et al., 2020,
-# "Language Models are Few-Shot Learners", Table 2.1). GPT-3 itself has no encoder, hence no cross-attention: its
-# layers cost $12\, d_{model}^2$ per position instead of 14, which moves its crossover to $6\, d_{model}$, still far
-# beyond its context of 2,048 tokens. Kaplan et al. (2020, "Scaling Laws for Neural Language Models", section 2.1)
+# So attention catches up with the rest only once the source and the output together pass 448 tokens in our model,
+# 3,584 in the paper's base model, 28,672 at a $d_{model}$ of 4,096, and 86,016 for an encoder–decoder as wide as
+# GPT-3, whose $d_{model}$ is 12,288 (Brown et al., 2020, "Language Models are Few-Shot Learners", Table 2.1).
+# GPT-3 itself has no encoder, hence no cross-attention: its layers cost $12\, d_{model}^2$ per position instead
+# of 14, against $2\, t\, d_{model}$ for attention alone, which moves its crossover to $t = 6\, d_{model}$, still
+# far beyond its context of 2,048 tokens. Kaplan et al. (2020, "Scaling Laws for Neural Language Models", section 2.1)
 # count the same way for decoder-only language models (their bookkeeping differs from ours in the details) and
 # conclude that the compute that depends on the context is a relatively small fraction of the total as long as
 # $d_{model} > n_{ctx} / 12$. Both counts say the same thing: until the context is several times $d_{model}$ long,
@@ -1611,24 +1643,28 @@ print(f"encode once, KV cache       : {t_cache * 1000:6.1f} ms   ({t_no_cache / 
 #   log-softmax (computed in one step, so that tiny probabilities do not become $\log 0$).
 # * **Decoding** writes one token per step. The **encoder runs once** per sentence; a **KV cache** keeps every
 #   layer's keys and values, so each step feeds the decoder only the newest token: the same output, with the
-#   projections and FFN linear in the output length (attention over the cache still grows with it).
+#   projections and FFN linear in the output length (attention over the cache still grows with it, and outweighs
+#   them only once the source and the output together pass about $7\, d_{model}$ tokens).
 # * The **loss** is the cross-entropy of the correct next token, averaged over the non-padding positions.
 #   **Label smoothing** trains towards $1 - \varepsilon$ on the correct token and $\varepsilon / (V - 2)$ on the
 #   others (not `<pad>`); the loss can then not go below $H(q)$, the target's entropy.
 # * **Teacher forcing** feeds the gold target shifted right behind `<bos>`, so all positions train in one pass.
-# * The **warm-up schedule** (eq. 3) rises linearly for `warmup` steps, then decays as $1/\sqrt{step}$; a short
-#   run also needs a cool-down at the end.
+# * The **warm-up schedule** (eq. 3) rises linearly for `warmup` steps, then decays as $1/\sqrt{step}$; our
+#   short run adds a cool-down to 0 at the end, so that its last steps are small.
 # * A **training step** clears the gradients, runs the model, back-propagates the loss, clips the gradient,
-#   and steps the optimizer, then the scheduler. A 2+2-layer Transformer trained for 400 such steps writes at
-#   least 99% of the held-out dates exactly right in ISO form (section 9). The same loop runs
-#   data-parallel under `torchrun` with `DistributedDataParallel`.
-# * **Exposure bias**: at inference the decoder reads its own outputs; per character, the half-trained model was
-#   less accurate free running than teacher forced.
+#   and steps the optimizer, then the scheduler. Our 2+2-layer Transformer, trained from one seed for 400 such
+#   steps, writes about 99.8% of the held-out dates exactly right here (section 9). The same loop runs
+#   data-parallel under `torchrun` with `DistributedDataParallel`; each process reads its own batch, so two
+#   processes double the batch of a step.
+# * **Exposure bias**: at inference the decoder reads its own outputs. Per character, the half-trained model was
+#   less accurate free running than teacher forced, by most right after the characters where it slips most: the
+#   gap measures how far a first slip spreads.
 # * **Cross-attention** learned to align each output character with the source characters it comes from.
 # * **Decoding strategies**: greedy takes the best token at each step; **beam search** keeps the `beam_size` best
 #   hypotheses of all `beam_size × V` extensions, keeps finished ones with their score, moves the cache with the
-#   hypotheses, and ranks the finished outputs with a length penalty; it found more probable outputs than greedy
-#   decoding. **Top-k** sampling draws among the $k$ best tokens only.
+#   hypotheses, and ranks the finished outputs with a length penalty. It found outputs the model rates as more
+#   probable, and on our half-trained model a few more right dates; in translation, larger beams can lower the
+#   quality (Koehn and Knowles, 2017). **Top-k** sampling draws among the $k$ best tokens only.
 #
 # ## What's next
 #
@@ -1652,7 +1688,7 @@ exercise_summary(check_top_k_filter, check_greedy_decode, check_label_smoothed_t
 # |---|---|---|
 # | generator (output layer) | 生成器 / 输出层 | linear map to the vocabulary, then log-softmax: next-token log-probabilities |
 # | log-softmax | 对数 softmax | $z_v - \log\sum_u e^{z_u}$, computed in one step for numerical stability |
-# | cross-entropy loss | 交叉熵损失 | mean of $-\log p(\text{correct token})$ over the real target positions |
+# | cross-entropy loss | 交叉熵损失 | mean over the real target positions of $-\log p$ of the correct token |
 # | label smoothing | 标签平滑 | train towards $1-\varepsilon$ on the correct token, $\varepsilon$ shared by the others |
 # | teacher forcing | 教师强制 | the decoder reads the gold previous tokens during training |
 # | shifted right | 右移一位 | decoder input = `<bos>` + the target without its last token |
