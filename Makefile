@@ -79,13 +79,21 @@ $(STAMP)-test: $(STAMP)-hub
 	@touch $@
 
 # The browser test drives Debian's chromium; as root, install it when it is missing.
-# Elsewhere the test says it is skipped and why.
+# Elsewhere the test says it is skipped and why. The Chinese edition's figures need a CJK font
+# (transformer_lib/figure_text.py; tests/test_zh_notebook_text.py draws them): as root, install
+# WenQuanYi Micro Hei when matplotlib's usual CJK fonts are all missing.
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing chromium for the browser test (apt-get)"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-wqy-microhei >/dev/null; \
 	  else echo "chromium is not installed and cannot be installed here: the browser test will be skipped"; fi; }
+	@fc-list 2>/dev/null | grep -qiE "WenQuanYi|Noto Sans CJK|Source Han Sans|Noto Sans SC" || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing a Chinese font for the Chinese edition's figures (apt-get fonts-wqy-microhei)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-wqy-microhei >/dev/null \
+	      && rm -rf $${MPLCONFIGDIR:-$$HOME/.cache/matplotlib}/fontlist-*.json; \
+	  else echo "no Chinese font found (install fonts-wqy-microhei or Noto Sans CJK SC): the Chinese figure tests will fail"; fi; }
 
 lab: venv
 	COURSE_LANG=$(COURSE_LANG) JUPYTER_CONFIG_PATH=$(LEARNER_CONFIG) $(VENV)/bin/jupyter lab --notebook-dir=$(LAB_DIR) \

@@ -32,12 +32,17 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
 
 ENGLISH, CHINESE = "en", "zh"
 LANGUAGES = (ENGLISH, CHINESE)
 CATALOGUE_DIR = Path(__file__).resolve().parent / "checks" / "zh"
+# The notebooks' own text, not check messages: claim lines (transformer_lib/claims.py) and every text of a
+# figure or diagram (transformer_lib/figure_text.py). Their keys are templates (see `Templates`).
+CLAIMS_CATALOGUE, FIGURES_CATALOGUE = "claims.toml", "figures.toml"
+NOTEBOOK_CATALOGUES = (CLAIMS_CATALOGUE, FIGURES_CATALOGUE)
 
 _chosen: str | None = None
 
@@ -84,6 +89,8 @@ def chinese_catalogue() -> dict[str, str]:
     """English text -> its Chinese, from every file in zh/ (entries not yet translated are left out)."""
     catalogue: dict[str, str] = {}
     for path in sorted(CATALOGUE_DIR.glob("*.toml")):
+        if path.name in NOTEBOOK_CATALOGUES:
+            continue
         for entry in read_catalogue(path):
             if entry["zh"].strip():
                 catalogue[entry["en"]] = entry["zh"]
@@ -105,3 +112,98 @@ def say(english: str, language: str, **fields) -> str:
     """`english` in `language`, its `{placeholders}` (if any fields are given) filled in."""
     text = chinese_catalogue().get(english, english) if language == CHINESE else english
     return text.format(**fields) if fields else text
+
+
+# -- the notebooks' own text: claim lines and figures --------------------------------------------------------
+#
+# A claim's statement or a figure's title is often an f-string with measured numbers inside
+# (f"the 4-head model reaches at least {acc:.2f}"), so its catalogue entry is a template: the English with
+# each replacement field written {0}, {1}, ... in order, and the Chinese with the same placeholders where
+# Chinese puts them. Literal braces are doubled, as in str.format:
+#
+#     [[text]]
+#     en = "the {0}-head model reaches at least {1}"
+#     zh = "{0} 头模型至少达到 {1}"
+#
+# A placeholder matches any text, so what it stood for (a number, a word, a quoted sentence) carries over
+# unchanged; a placeholder's text that has an entry of its own (a name from a list, say) is translated too.
+
+_FIELD = re.compile(r"\{\{|\}\}|\{(\d+)\}")
+
+
+class Templates:
+    """English -> Chinese for texts that may hold placeholders; `translate` returns None for a text
+    no entry matches."""
+
+    def __init__(self, entries: list[dict]):
+        self.exact: dict[str, str] = {}
+        self.patterns: list[tuple[re.Pattern, list[int], str]] = []
+        for entry in entries:
+            english, chinese = entry["en"], entry["zh"]
+            if not chinese.strip():
+                continue
+            pattern, order = template_pattern(english)
+            if not order:
+                self.exact[english.replace("{{", "{").replace("}}", "}")] = chinese.replace("{{", "{").replace("}}", "}")
+            elif pattern.pattern.replace("(.+?)", "").replace("\\", ""):  # a bare "{0}" would match anything
+                self.patterns.append((pattern, order, chinese))
+        # The most specific template first: the one with the most literal text.
+        self.patterns.sort(key=lambda p: -len(_FIELD.sub("", p[0].pattern)))
+
+    def translate(self, text: str, depth: int = 0) -> str | None:
+        found = self.exact.get(text)
+        if found is not None:
+            return found
+        for pattern, order, chinese in self.patterns:
+            match = pattern.fullmatch(text)
+            if match:
+                values = [""] * (max(order) + 1)
+                for group, index in zip(match.groups(), order):
+                    inner = self.translate(group, depth + 1) if depth == 0 and _has_words(group) else None
+                    values[index] = inner if inner is not None else group
+                try:
+                    return chinese.format(*values)
+                except (IndexError, KeyError, ValueError):
+                    return None
+        return None
+
+
+def template_pattern(english: str) -> tuple[re.Pattern, list[int]]:
+    """The regular expression a template matches, and its placeholders' numbers in the order they appear."""
+    parts, order, position = [], [], 0
+    for field in _FIELD.finditer(english):
+        parts.append(re.escape(english[position:field.start()]))
+        if field.group(1) is None:
+            parts.append(re.escape(field.group(0)[0]))
+        else:
+            order.append(int(field.group(1)))
+            parts.append("(.+?)")
+        position = field.end()
+    parts.append(re.escape(english[position:]))
+    return re.compile("".join(parts), re.DOTALL), order
+
+
+def _has_words(text: str) -> bool:
+    return re.search(r"[A-Za-z]{2}", text) is not None
+
+
+@functools.lru_cache(maxsize=2)
+def templates(file: str) -> Templates:
+    path = CATALOGUE_DIR / file
+    return Templates(read_catalogue(path) if path.exists() else [])
+
+
+@functools.lru_cache(maxsize=8192)
+def _translated(file: str, text: str) -> str:
+    if not _has_words(text):
+        return text
+    found = templates(file).translate(text)
+    return text if found is None else found
+
+
+def translate(text: str, file: str, language: str | None = None) -> str:
+    """`text` (a claim's statement, a figure's text) in `language` (default: the notebook's), from the
+    templates of `file` (CLAIMS_CATALOGUE or FIGURES_CATALOGUE); unchanged when English or without an entry."""
+    if (language or current_language()) != CHINESE or not isinstance(text, str):
+        return text
+    return _translated(file, text)
