@@ -196,8 +196,11 @@ def release(course: Course, chapters: list[str] | None = None, release_dir: str 
 
 def release_chinese(course: Course, chapter: str, out: Path) -> Path | None:
     """chapters/zh/<chapter>/<chapter>.ipynb: the English release with every markdown cell replaced by
-    its Chinese twin (solutions/<chapter>/<chapter>.zh.toml); code, ids and nbgrader metadata shared.
-    A chapter whose Chinese text is not complete gets none (and says so)."""
+    its Chinese twin (solutions/<chapter>/<chapter>.zh.toml) and the code cells' comments and docstrings
+    by their Chinese (<chapter>.code.zh.toml); the code itself, ids and nbgrader metadata shared (the
+    checksum of a graded cell whose comments changed is nbgrader's for the Chinese cell). A chapter
+    whose Chinese text is not complete gets none (and says so); a comment still without Chinese stays
+    English (and is named)."""
     import nbformat
     import translations
 
@@ -211,6 +214,12 @@ def release_chinese(course: Course, chapter: str, out: Path) -> Path | None:
     except ValueError as exc:
         print(f"{chapter}: no Chinese release: {exc}", file=sys.stderr)
         return None
+    english_left = [u for c in chinese.cells if c.cell_type == "code" for u in translations.code_units(c.source)
+                    if u.needs_translation]
+    if english_left:
+        print(f"{chapter}: {len(english_left)} comment(s)/docstring(s) of the Chinese release still in English "
+              f"(first: {english_left[0].text.strip()[:60]!r}); `python autograder/translations.py status` lists them",
+              file=sys.stderr)
     target.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(chinese, target)
     return target
@@ -391,7 +400,16 @@ def build_kit(course: Course, chapter: str) -> "jobs.ChapterKit":
                 raise RuntimeError(f"{chapter}: the grading copy of cell {gid} does not match nbgrader's checksum")
         untouched = (cell.source, full_sources.get(gid, cell.source)) if kind == "test" else ()
         templates.append(sanitize.Template(gid, ctype, source, metadata, kind, untouched))
-    code = [c.source for c in release_nb.cells if c.cell_type == "code"]
+    # The Chinese release's code cells are the English ones with Chinese comments: a learner's copy of
+    # either is the course's own code (not the learner's), and a tagged one of either is skipped.
+    chinese_nb = _chinese(course, chapter, release_nb)
+    for template in templates:
+        if template.kind == "test":
+            zh_test = next((c.source for c in chinese_nb.cells
+                            if c.metadata.get("nbgrader", {}).get("grade_id") == template.grade_id), None)
+            if zh_test is not None and zh_test not in template.also_untouched:
+                template.also_untouched = (*template.also_untouched, zh_test)
+    code = [c.source for nb in (release_nb, chinese_nb) for c in nb.cells if c.cell_type == "code"]
     from feedback import markdown_digest
 
     return jobs.ChapterKit(
@@ -399,12 +417,12 @@ def build_kit(course: Course, chapter: str) -> "jobs.ChapterKit":
         notebook_metadata=json.loads(json.dumps(release_nb.metadata)),
         release_code=sorted({c.strip() for c in code}),
         release_lines=sorted({line.strip() for c in code for line in c.splitlines() if line.strip()}),
-        release_markdown=sorted({markdown_digest(c.source) for nb in (release_nb, _chinese(course, chapter, release_nb))
+        release_markdown=sorted({markdown_digest(c.source) for nb in (release_nb, chinese_nb)
                                  for c in nb.cells if c.cell_type == "markdown"}),
         tests=tests, gradebook=gradebook, secrets=sorted(s for s in secrets if len(s) >= 6),
         hidden_cases=hidden_cases, hidden_cases_zh=hidden_cases_zh,
-        skip_when_grading=sorted({c.source.strip() for c in release_nb.cells if c.cell_type == "code"
-                                  and jobs.SKIP_TAG in c.metadata.get("tags", [])}))
+        skip_when_grading=sorted({c.source.strip() for nb in (release_nb, chinese_nb) for c in nb.cells
+                                  if c.cell_type == "code" and jobs.SKIP_TAG in c.metadata.get("tags", [])}))
 
 
 def _chinese(course: Course, chapter: str, release_nb):
@@ -428,8 +446,8 @@ def grader_cache(course: Course) -> Path:
 
 
 def kit_digest(course: Course, chapter: str) -> str:
-    """What a chapter's kit is built from: its solution and Chinese text, the grader's code, the
-    library and its message catalogues, and nbgrader's version."""
+    """What a chapter's kit is built from: its solution and Chinese text (markdown twins and code
+    comments), the grader's code, the library and its message catalogues, and nbgrader's version."""
     import hashlib
 
     import nbgrader
@@ -438,7 +456,8 @@ def kit_digest(course: Course, chapter: str) -> str:
 
     library = hiding.library_root()
     digest = hashlib.sha256(nbgrader.__version__.encode())
-    files = [course.solutions / chapter / f"{chapter}.ipynb", course.solutions / chapter / f"{chapter}.zh.toml"]
+    files = [course.solutions / chapter / f"{chapter}.ipynb", course.solutions / chapter / f"{chapter}.zh.toml",
+             course.solutions / chapter / f"{chapter}.code.zh.toml"]
     files += sorted(HERE.glob("*.py")) + sorted(p for p in library.rglob("*") if p.suffix in (".py", ".toml"))
     for path in files:
         digest.update(path.name.encode() + b"\0" + (path.read_bytes() if path.exists() else b"(none)") + b"\0")

@@ -21,16 +21,39 @@ carried over and the twin's id updated.
     python autograder/translations.py scaffold CHAPTER       # add an entry for every cell without a twin
     python autograder/translations.py show CHAPTER           # the English cells, with their ids
     python autograder/translations.py fill CHAPTER FOLDER    # set twins from FOLDER/<id>.md files
+
+The code cells' comments and docstrings have their Chinese in `solutions/NN_name/NN_name.code.zh.toml`,
+keyed by the English text (not by cell, so that an edit elsewhere in a cell leaves them in place):
+
+    [[text]]
+    en = '''Scaled dot products of every query with every key.'''
+    zh = '''每个查询与每个键的缩放点积。'''
+
+One entry is a docstring (as a unit) or a block of comments (a comment and the comment lines right
+below it at the same column); the key matches whatever the whitespace. The Chinese cell is the English
+one with those replaced through Python's tokenizer (quotes, indentation and code unchanged: the cell
+equals the English once comments and docstrings are removed, see `strip_comments`). nbgrader's markers
+(`### BEGIN SOLUTION`, `# YOUR CODE HERE`, ...) and magic comments (`# noqa`, `# type:`) are never
+replaced, and a comment with no English sentence in it (a shape like `# [batch, seq, d_k]`) needs no entry.
+
+`status` lists them too: the comments and docstrings of the release without Chinese, and the
+entries whose English the chapter no longer has (orphans: re-key them to the edited English).
+
+    python autograder/translations.py code-scaffold CHAPTER  # add a TODO entry for each one missing
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import difflib
+import io
+import json
 import re
 import subprocess
 import sys
+import tokenize
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -187,7 +210,9 @@ def status(chapter: str) -> Status:
 
 def translate(nb: nbformat.NotebookNode, twins_file: Path) -> nbformat.NotebookNode:
     """The Chinese notebook: `nb` (a solution notebook or its release) with every markdown cell's
-    text replaced by its twin from `twins_file`, and the language recorded in its metadata.
+    text replaced by its twin from `twins_file`, the comments and docstrings of its code cells by
+    their Chinese from the catalogue beside it (NN_name.code.zh.toml; `translate_code_cells`), and
+    the language recorded in its metadata.
     Raises ValueError when a markdown cell has no finished twin."""
     try:
         entries = tomllib.loads(twins_file.read_text(encoding="utf-8")).get("cell", [])
@@ -202,8 +227,357 @@ def translate(nb: nbformat.NotebookNode, twins_file: Path) -> nbformat.NotebookN
     for cell in out.cells:
         if cell.cell_type == "markdown":
             cell.source = twins[cell.id]
+    translate_code_cells(out, catalogue_beside(twins_file))  # what is not yet translated stays English
     out.metadata.setdefault("course", {})["language"] = "zh"
     return out
+
+
+# -- code cells: comments and docstrings -----------------------------------------------------------
+
+# nbgrader's markers and magic comments: never translated (nbgrader and linters read them)
+_KEPT_COMMENT = re.compile(r"^#+\s*(?:(?:BEGIN|END) (?:SOLUTION|HIDDEN TESTS)|YOUR CODE HERE|noqa|type:|pragma|fmt:"
+                           r"|pylint:|-\*-|%%)|^#!|#\s*noqa\b")
+_SOLUTION_REGION = re.compile(r"^([ \t]*)### BEGIN SOLUTION\n.*?^[ \t]*### END SOLUTION[ \t]*$", re.S | re.M)
+_HIDDEN_REGION = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?^[ \t]*### END HIDDEN TESTS[ \t]*\n?", re.S | re.M)
+# An English word: two letters or more (one is a variable), or "a"; not part of an identifier, a
+# dotted name, a call, a number or a formula (W^Q)
+_EN_WORD = r"(?<![\w.'^])(?:[A-Za-z][a-z]+(?:'[a-z]+)?|a)(?![\w(.'^])"
+_EN_RUN = re.compile(rf"(?:{_EN_WORD})(?:[ \t]+(?:{_EN_WORD}))+")
+# The English name of a term in parentheses right after its Chinese (前向预钩子（forward pre-hook）): a gloss
+_GLOSS = re.compile(r"(?<=[\u4e00-\u9fff])（[A-Za-z][A-Za-z \-]{0,40}）")
+_QUOTES = re.compile(r"(?i)^([rbuf]*)('''|\"\"\"|'|\")")
+
+
+def english_runs(text: str) -> list[str]:
+    """The English a reader would read in `text`: runs of 2 or more English words separated by spaces,
+    outside `code spans` and formulas. Identifiers (`d_model`, `torch.softmax`, `f(x)`) and shapes
+    (`[batch, heads, seq, d_k]`: commas between the names) are not English words, "et al." is not,
+    a run of capitalised words (a name: "Penn Treebank", "YOUR CODE HERE") is not a sentence, and
+    neither is a term's English name glossed in full-width parentheses right after its Chinese."""
+    text = _CODE.sub(" ", _MATH.sub(" ", text))
+    text = re.sub(r"\bet al\.", " ", text)
+    text = _GLOSS.sub(" ", text)
+    runs = []
+    for match in _EN_RUN.finditer(text):
+        words = re.findall(r"[A-Za-z']+", match.group(0))
+        if all(w[0].isupper() for w in words):
+            continue
+        runs.append(match.group(0))
+    return runs
+
+
+def _key(text: str) -> str:
+    return " ".join(text.split())
+
+
+def code_catalogue_path(chapter: str) -> Path:
+    return SOLUTIONS / chapter / f"{chapter}.code.zh.toml"
+
+
+def catalogue_beside(twins_file: Path) -> Path:
+    """NN_name.code.zh.toml beside NN_name.zh.toml (the name keeps nbgrader's `*.zh.toml` ignore rule)."""
+    return twins_file.with_name(twins_file.name.removesuffix(".zh.toml") + ".code.zh.toml")
+
+
+def read_code_catalogue(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    try:
+        entries = tomllib.loads(path.read_text(encoding="utf-8")).get("text", [])
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path.name} is not valid TOML: {exc}") from None
+    for i, entry in enumerate(entries):
+        if set(entry) != {"en", "zh"} or not all(isinstance(v, str) for v in entry.values()):
+            raise ValueError(f"{path.name}: entry {i + 1} must have exactly the strings en and zh")
+    return entries
+
+
+@dataclass
+class Unit:
+    """One translatable piece of a code cell: a docstring's text or a block of comments."""
+
+    kind: str  # "comment" or "docstring"
+    text: str  # comments: their text after '#', one line each; a docstring: its source between the quotes
+    start: int  # the offsets in the cell's source of what a translation replaces
+    end: int
+    indent: str  # what a new line of the translation starts with (comments: up to their '#')
+    prefix: str  # comments: the '#' and the space after it; a docstring: its quotes
+
+    @property
+    def needs_translation(self) -> bool:
+        return bool(english_runs(self.text))
+
+
+def _docstring_starts(source: str) -> set[tuple[int, int]]:
+    """(row, column) of every docstring: the first statement of the module or of a function or class body."""
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+            first = node.body[0]
+            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)):
+                line = lines[first.value.lineno - 1].encode("utf-8")
+                found.add((first.value.lineno, len(line[:first.value.col_offset].decode("utf-8"))))
+    return found
+
+
+def code_units(source: str) -> list[Unit]:
+    """The comments (in blocks) and docstrings of a code cell, in order; none when it is not Python."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+        docstrings = _docstring_starts(source)
+    except (tokenize.TokenError, SyntaxError, ValueError):
+        return []
+    lines = source.splitlines(keepends=True)
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line))
+
+    def offset(row: int, col: int) -> int:
+        return offsets[row - 1] + col
+
+    def before(tok) -> str:
+        return lines[tok.start[0] - 1][:tok.start[1]]
+
+    units: list[Unit] = []
+    block: list = []  # the comment tokens of the block being gathered
+
+    def close_block():
+        if block:
+            first, last = block[0], block[-1]
+            prefix = re.match(r"#+ ?", first.string).group(0)
+            texts = [t.string[len(re.match(r"#+ ?", t.string).group(0)):].rstrip() for t in block]
+            indent = before(first) if not before(first).strip() else " " * first.start[1]
+            units.append(Unit("comment", "\n".join(texts), offset(*first.start), offset(*last.end), indent, prefix))
+            block.clear()
+
+    for tok in tokens:
+        if tok.type == tokenize.COMMENT:
+            if _KEPT_COMMENT.search(tok.string):
+                close_block()
+                continue
+            if block:
+                prev = block[-1]
+                if not (tok.start[0] == prev.start[0] + 1 and tok.start[1] == prev.start[1] and not before(tok).strip()):
+                    close_block()
+            block.append(tok)
+        elif tok.type in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
+            continue
+        else:
+            close_block()
+            if tok.type == tokenize.STRING and tok.start in docstrings:
+                head, quote = _QUOTES.match(tok.string).groups()
+                start, end = offset(*tok.start) + len(head) + len(quote), offset(*tok.end) - len(quote)
+                indent = before(tok) if not before(tok).strip() else " " * tok.start[1]
+                units.append(Unit("docstring", source[start:end], start, end, indent, quote))
+    close_block()
+    return units
+
+
+def _render(unit: Unit, chinese: str) -> str:
+    """The source text that replaces `unit` in the Chinese cell: the Chinese lines, each indented as
+    the English; a docstring keeps its quotes and, where the English has it, a closing line of its own."""
+    lines = chinese.strip("\n").split("\n")
+    if unit.kind == "comment":
+        return ("\n" + unit.indent).join(unit.prefix + line if line.strip() else unit.prefix.rstrip() for line in lines)
+    english = unit.text.split("\n")
+    body = lines[0] + "".join("\n" + (unit.indent + line if line.strip() else "") for line in lines[1:])
+    if len(english) > 1 and not english[0].strip():  # the text starts on the line below the quotes
+        body = english[0] + "\n" + unit.indent + body
+    if len(english) > 1 and not english[-1].strip():  # the closing quotes on a line of their own
+        body += "\n" + english[-1]
+    if unit.prefix[0] in body or "\\" in body:
+        raise ValueError(f"a docstring's Chinese may not hold its quote character or a backslash: {chinese[:60]!r}")
+    return body
+
+
+def strip_comments(source: str) -> list[str]:
+    """The cell's code without its comments and docstrings (a docstring leaves its empty quotes): the
+    lines left, stripped at the right, blank ones dropped. A Chinese cell must give its English cell's."""
+    for unit in reversed(code_units(source)):
+        source = source[:unit.start] + source[unit.end:]
+    return [line.rstrip() for line in source.split("\n") if line.strip()]
+
+
+def translate_code(source: str, catalogue: dict[str, str]) -> tuple[str, list[Unit]]:
+    """The Chinese cell: each comment block and docstring of `source` that `catalogue` (English key ->
+    Chinese) holds replaced; and the units a learner reads that had no Chinese."""
+    units = code_units(source)
+    missing, out = [], source
+    for unit in reversed(units):
+        chinese = catalogue.get(_key(unit.text))
+        if chinese is None:
+            if unit.needs_translation:
+                missing.append(unit)
+            continue
+        out = out[:unit.start] + _render(unit, chinese) + out[unit.end:]
+    if out != source:
+        try:
+            ast.parse(out)
+        except SyntaxError as exc:
+            raise ValueError(f"the Chinese comments broke a code cell ({exc}): {source[:80]!r}") from None
+        if strip_comments(out) != strip_comments(source):
+            raise ValueError(f"the Chinese comments changed a code cell's code: {source[:80]!r}")
+    return out, missing[::-1]
+
+
+def code_catalogue(path: Path) -> dict[str, str]:
+    """English key -> Chinese, finished entries only."""
+    return {_key(e["en"]): e["zh"] for e in read_code_catalogue(path) if TODO not in e["zh"]}
+
+
+def translate_code_cells(nb: nbformat.NotebookNode, catalogue_file: Path) -> list[Unit]:
+    """Replace, in place, the comments and docstrings of `nb`'s code cells that the catalogue holds,
+    and recompute nbgrader's checksum of a graded cell so changed (a fresh Chinese release is then not
+    taken for a notebook a learner edited; the grader rebuilds every submission on the English
+    release's cells and checksums, so the grading is the English one's). Returns the units still in
+    English."""
+    catalogue = code_catalogue(catalogue_file)
+    missing = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        source, left = translate_code(cell.source, catalogue)
+        missing += left
+        if source != cell.source:
+            cell.source = source
+            grader = cell.metadata.get("nbgrader", {})
+            if "checksum" in grader:
+                from nbgrader.utils import compute_checksum
+
+                grader["checksum"] = compute_checksum(cell)
+    return missing
+
+
+def release_code(chapter: str) -> list[str]:
+    """The chapter's code cells as the release has them (nbgrader's stub for each solution, no hidden
+    test), made from its source: the code a learner of either edition reads."""
+    import notebooks
+
+    cells = []
+    for cell in notebooks.read_source(chapter).cells:
+        if cell.cell_type == "code":
+            source = _SOLUTION_REGION.sub(lambda m: f"{m.group(1)}# YOUR CODE HERE\n{m.group(1)}raise NotImplementedError()",
+                                          cell.source)
+            cells.append(_HIDDEN_REGION.sub("", source))
+    return cells
+
+
+@dataclass
+class CodeStatus:
+    chapter: str
+    missing: list[Unit] = field(default_factory=list)  # comments and docstrings a learner reads, without Chinese
+    orphans: list[dict] = field(default_factory=list)  # entries whose English the code no longer has
+    unfinished: list[dict] = field(default_factory=list)  # entries still holding the TODO marker
+    duplicates: list[str] = field(default_factory=list)  # English keys with two entries
+    unfaithful: list[tuple[str, list[str]]] = field(default_factory=list)  # (English, what differs)
+    english_left: list[tuple[str, list[str]]] = field(default_factory=list)  # (English, English runs in the Chinese)
+
+    @property
+    def complete(self) -> bool:
+        return not (self.missing or self.orphans or self.unfinished or self.duplicates or self.unfaithful
+                    or self.english_left)
+
+
+def code_status(chapter: str) -> CodeStatus:
+    found = CodeStatus(chapter)
+    try:
+        entries = read_code_catalogue(code_catalogue_path(chapter))
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    seen: dict[str, int] = {}
+    for entry in entries:
+        seen[_key(entry["en"])] = seen.get(_key(entry["en"]), 0) + 1
+    found.duplicates = sorted(k for k, n in seen.items() if n > 1)
+    units = [u for cell in release_code(chapter) for u in code_units(cell)]
+    present = {_key(u.text) for u in units}
+    for unit in units:
+        if unit.needs_translation and _key(unit.text) not in seen:
+            seen[_key(unit.text)] = 0
+            found.missing.append(unit)
+    for entry in entries:
+        if _key(entry["en"]) not in present:
+            found.orphans.append(entry)
+        elif TODO in entry["zh"]:
+            found.unfinished.append(entry)
+        else:
+            problems = differences(entry["en"], entry["zh"])
+            if problems:
+                found.unfaithful.append((entry["en"], problems))
+            runs = english_runs(entry["zh"])
+            if runs:
+                found.english_left.append((entry["en"], runs))
+    return found
+
+
+def describe_code(found: CodeStatus) -> str:
+    parts = []
+    for what, items in (("comment(s)/docstring(s) a learner reads without Chinese", found.missing),
+                        ("entry(ies) whose English the code no longer has", found.orphans),
+                        (f"entry(ies) still marked {TODO}", found.unfinished),
+                        ("English keys with two entries", found.duplicates),
+                        ("entry(ies) that change inline code or a number", found.unfaithful),
+                        ("entry(ies) whose Chinese still holds English", found.english_left)):
+        if items:
+            parts.append(f"{len(items)} {what}")
+    if not parts:
+        return f"{found.chapter} code: complete"
+    lines = [f"{found.chapter} code ({code_catalogue_path(found.chapter).name}): " + "; ".join(parts)]
+    for unit in found.missing:
+        lines.append(f"  no Chinese for {unit.kind}: {unit.text.strip()[:100]!r}")
+    for entry in found.orphans:
+        lines.append(f"  orphan: {entry['en'].strip()[:80]!r}")
+        close = difflib.get_close_matches(entry["en"], [u.text for u in found.missing], n=1, cutoff=0.5)
+        if close:
+            lines.append(f"    the English now? {close[0].strip()[:100]!r}")
+    for entry in found.unfinished:
+        lines.append(f"  unfinished: {entry['en'].strip()[:80]!r}")
+    for key in found.duplicates:
+        lines.append(f"  two entries: {key[:80]!r}")
+    for english, problems in found.unfaithful:
+        lines.append(f"  {english.strip()[:60]!r}: " + "; ".join(problems))
+    for english, runs in found.english_left:
+        lines.append(f"  {english.strip()[:60]!r}: English left: {runs[:3]}")
+    return "\n".join(lines)
+
+
+def _toml_string(text: str) -> str:
+    if "'''" in text or "\r" in text or text.endswith("'"):
+        return json.dumps(text, ensure_ascii=False)
+    if "\n" in text:
+        return "'''\n" + text + "'''"
+    return "'" + text + "'" if "'" not in text else "'''" + text + "'''"
+
+
+def write_code_catalogue(path: Path, entries: list[dict]) -> None:
+    chapter = path.name.removesuffix(".code.zh.toml")
+    body = [f"# The Chinese of {chapter}'s code comments and docstrings, keyed by their English (whitespace",
+            "# aside). See autograder/translations.py.", ""]
+    for entry in entries:
+        body += ["[[text]]", f"en = {_toml_string(entry['en'])}", f"zh = {_toml_string(entry['zh'])}", ""]
+    path.write_text("\n".join(body), encoding="utf-8")
+
+
+def _readable(unit: Unit) -> str:
+    """A unit's English as a catalogue shows it: a docstring's lines without their common indentation."""
+    if unit.kind == "comment":
+        return unit.text
+    import textwrap
+
+    first, _, rest = unit.text.partition("\n")
+    return (first.strip() + "\n" + textwrap.dedent(rest)).strip()
+
+
+def code_scaffold(chapter: str) -> int:
+    """Add an entry marked TODO for each comment and docstring without Chinese."""
+    path = code_catalogue_path(chapter)
+    entries = read_code_catalogue(path)
+    missing = code_status(chapter).missing
+    entries += [{"en": _readable(u), "zh": TODO} for u in missing]
+    write_code_catalogue(path, entries)
+    return len(missing)
 
 
 def _english_at_last_edit(chapter: str, cell_id: str) -> str | None:
@@ -313,7 +687,7 @@ def fill(chapter: str, folder: Path) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("status", "scaffold", "show", "fill"):
+    for name in ("status", "scaffold", "show", "fill", "code-scaffold"):
         p = sub.add_parser(name)
         p.add_argument("chapters", nargs="*" if name == "status" else 1)
         if name == "fill":
@@ -323,12 +697,17 @@ def main(argv=None) -> int:
         import notebooks
 
         results = [status(ch) for ch in (args.chapters or notebooks.chapters())]
-        for found in results:
+        code = [code_status(ch) for ch in (args.chapters or notebooks.chapters())]
+        for found, found_code in zip(results, code):
             print(describe(found) if not found.complete else f"{found.chapter}: complete")
-        return 0 if all(f.complete for f in results) else 1
+            print(describe_code(found_code))
+        return 0 if all(f.complete for f in results + code) else 1
     chapter = args.chapters[0]
     if args.command == "fill":
         print(f"{chapter}: {fill(chapter, args.folder)} twins set from {args.folder}")
+        return 0
+    if args.command == "code-scaffold":
+        print(f"{chapter}: {code_scaffold(chapter)} entries added to {code_catalogue_path(chapter).relative_to(ROOT)}")
         return 0
     if args.command == "scaffold":
         print(f"{chapter}: {scaffold(chapter)} entries added to {twins_path(chapter).relative_to(ROOT)}")

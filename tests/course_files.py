@@ -60,9 +60,8 @@ def scratch_course(tmp: Path, chapters=None) -> "course_cli.Course":
     for chapter in chapters or CHAPTERS:
         (tmp / "solutions" / chapter).mkdir(parents=True)
         shutil.copy(ROOT / "solutions" / chapter / f"{chapter}.ipynb", tmp / "solutions" / chapter)
-        twins = ROOT / "solutions" / chapter / f"{chapter}.zh.toml"
-        if twins.exists():
-            shutil.copy(twins, tmp / "solutions" / chapter)
+        for chinese in (ROOT / "solutions" / chapter).glob("*.zh.toml"):  # markdown twins, code comments
+            shutil.copy(chinese, tmp / "solutions" / chapter)
     return course_cli.Course(tmp)
 
 
