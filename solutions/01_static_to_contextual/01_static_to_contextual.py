@@ -233,9 +233,8 @@ for word in ["exception", "true"]:
 # negative values are the ones a text of this size cannot back up: to show that a pair meets *less* often
 # than chance, its expected count $C_{a\cdot} C_{\cdot b} / N$ must be large enough for a shortfall to stand
 # out from bad luck, and for 96.1% of the pairs of our vocabulary it is below one meeting (printed above).
-# Jurafsky and Martin
-# (*Speech and Language Processing*, 3rd edition draft, section 6.6) give this reason for keeping only the
-# positive part — **positive PMI**:
+# Jurafsky and Martin (*Speech and Language Processing*, 3rd edition draft, section 6.6) give this reason for
+# keeping only the positive part — **positive PMI**:
 #
 # $$\mathrm{PPMI}(a, b) = \max\big(\mathrm{PMI}(a, b),\ 0\big),$$
 #
@@ -873,7 +872,8 @@ plt.show()
 # computation adds is the step from meanings to positions: the weights are a softmax of dot products, which
 # know nothing about word order, so each French word finds the English word that carries its meaning wherever
 # that word stands, and a crossing in meaning becomes a crossing in the picture. In a trained translation
-# model the states themselves are learned, and the alignment with them (chapter 07 trains such a model).
+# model the states themselves are learned, and the alignment with them (chapter 07 trains an encoder–decoder
+# model, on dates rather than sentences).
 #
 # ## 6. Why not a recurrent network? Slow and forgetful · RNN 的两个短板
 #
