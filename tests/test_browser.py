@@ -6,6 +6,11 @@ one-line check messages of the unfilled exercises, no traceback anywhere, no ins
 panel, no news pop-up. Then fill one exercise with a catalogued mistake and see its name, and
 fill it correctly and see the tick.
 
+The chapters that do not train are opened in their Chinese edition (the training ones run in Chinese
+in tests/test_other_cpus_default.py): every claim line and figure text their kernel draws is recorded
+(COURSE_TEXT_LOG) and must hold no English a learner would read (tests/test_zh_notebook_text.py). The
+code is the same in both editions, so the English release loses nothing by it.
+
 The lab serves a scratch copy of chapters/, so the committed release is never touched.
 """
 
@@ -25,7 +30,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
+import notebook_text
 from course_files import CHAPTERS, ROOT
+from other_cpus import TRAINING_CHAPTERS
 from transformer_lib.checks import REGISTRY
 from transformer_lib.language import CHINESE, ENGLISH
 
@@ -131,7 +138,8 @@ def lab(tmp_path_factory):
     shutil.copytree(ROOT / "chapters", workdir)
     port = _free_port()
     env = dict(os.environ, BROWSER="true", JUPYTER_TOKEN=TOKEN, JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
-               JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
+               JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
+               COURSE_TEXT_LOG=str(tmp / "drawn.jsonl"))
     log = open(tmp / "lab.log", "w+")
     proc = subprocess.Popen(["make", "--no-print-directory", "lab", f"LAB_PORT={port}", f"LAB_DIR={workdir}"],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -146,7 +154,7 @@ def lab(tmp_path_factory):
             pytest.fail(f"`make lab` did not start:\n{text[-3000:]}")
         time.sleep(0.5)
     yield {"url": f"http://127.0.0.1:{port}", "dir": workdir, "log": tmp / "lab.log", "shots": tmp,
-           "runtime": tmp / "runtime"}
+           "runtime": tmp / "runtime", "drawn": tmp / "drawn.jsonl"}
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=30)
 
@@ -280,7 +288,7 @@ def _wait_for_output(page, index: int, pattern: str, timeout: float = 120) -> st
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_run_all_on_a_fresh_release_goes_through(lab, browser, chapter):
     try:
-        _run_all_and_fill_one_exercise(lab, browser, chapter)
+        _run_all_and_fill_one_exercise(lab, browser, chapter, ENGLISH if chapter in TRAINING_CHAPTERS else CHINESE)
     finally:
         _shut_down_kernels(lab["url"])
 
@@ -309,8 +317,11 @@ def _run_all_and_fill_one_exercise(lab, browser, chapter, language=ENGLISH):
         if time.time() > deadline:
             pytest.fail(f"{chapter}: the kernel was not idle 120 s after the notebook opened: {_status_bar(page)!r}")
         time.sleep(0.5)
+    lab["drawn"].write_text("")  # what this chapter's kernel draws, from here on
     _run_menu(page, "Run All Cells")
     seen = _wait_until_all_ran(page, len(code_cells), RUN_ALL_TIMEOUT)
+    if language == CHINESE:
+        notebook_text.assert_rendered_in_chinese(chapter, lab["drawn"])
     if chapter in TRAINS_WITH_PROGRESS_BARS:  # the training cell was watched running, bars moving
         assert seen["busy with a progress bar"] >= 6, f"{chapter}: never saw a training cell run: {seen}"
     page.screenshot(path=str(lab["shots"] / f"{chapter}-run-all.png"), full_page=False)
