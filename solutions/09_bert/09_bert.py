@@ -85,7 +85,7 @@ from transformer_lib.checks.ch09 import (
     check_nsp_pairs,
     check_pretrain_step,
 )
-from transformer_lib.claims import claim
+from transformer_lib.claims import claim, claim_between
 from transformer_lib.corpus import COMPANIES, FRUITS
 from transformer_lib.diagrams.ch09 import draw_bert_input
 from transformer_lib.layers import count_parameters
@@ -170,16 +170,18 @@ print(f"value then output projection, length after / before: N(0, 0.02^2) {value
       f"std 1/sqrt(d) {value_output_gain(wide):.2f}")
 print("change of each position's output, std 1/sqrt(d):", [f"{x:.4f}" for x in wide_change.tolist()])
 measured = f"BERT's init {change.tolist()}, std 1/sqrt(d) {wide_change.tolist()}"  # shown if a claim fails
-claim(value_output_gain(tiny) < 0.01, "with BERT's initialisation, the value and output projections shrink a "
-      "vector to less than 1% of its length", measured=f"{value_output_gain(tiny):.4f}")
-claim(float(wide_others.min()) > 0.05 * float(wide_change[4]) and float(wide_others.min()) > 30 * float(others.max()),
-      "with std 1/sqrt(d) for those two matrices, every other position moves more than 5% as much as position 4, and "
-      "more than 30 times as much as any did before", measured=measured)
+claim_between(value_output_gain(tiny), None, 0.01, "with BERT's initialisation, the value and output projections "
+              "shrink a vector to less than 1% of its length", measured=f"{value_output_gain(tiny):.4f}")
+claim_between(float(wide_others.min() / wide_change[4]), 0.05, None, "with std 1/sqrt(d) for those two matrices, "
+              "every other position moves more than 5% as much as position 4", measured=measured)
+claim_between(float(wide_others.min() / others.max()), 30, None, "and more than 30 times as much as any did before",
+              measured=measured)
 
 # %% [markdown]
-# With BERT's initialisation, the value and output projections together shrink a vector to less than 1% of its
-# length. Give them a standard deviation of $1/\sqrt{d_{model}}$ and every other position moves more than 5% as
-# much as position 4, more than 30 times as much as before. The tiny changes of the first run come from the small
+# With BERT's initialisation, the value and output projections together shrink a vector to about 0.5% of its
+# length (less than 1% on every CPU we tried). Give them a standard deviation of $1/\sqrt{d_{model}}$ and every
+# other position moves at least about 12% as much as position 4 (more than 5%), about 90 times as much as the most
+# any did before (more than 30). The tiny changes of the first run come from the small
 # weights BERT starts with, not from how far attention reaches.
 #
 # That every position moves is what we want from a contextual word vector: *apple* in "apple released a new phone"
@@ -949,20 +951,20 @@ measured = f"MLM {final_mlm:.3f}, NSP {final_nsp:.3f}, NSP first half {first_hal
 claim(abs(mlm_history[0] - math.log(len(vocab))) < 0.2 and abs(nsp_history[0] - math.log(2)) < 0.05,
       "both start at a uniform guess: MLM within 0.2 of log 124 = 4.82, NSP within 0.05 of log 2 = 0.69",
       measured=f"first step: MLM {mlm_history[0]:.3f}, NSP {nsp_history[0]:.3f}")
-claim(final_mlm < 1.5, "the MLM loss ends below 1.5, less than a third of the uniform guess log 124 = 4.82",
-      measured=measured)
+claim_between(final_mlm, None, 1.5, "the MLM loss ends below 1.5, less than a third of the uniform guess "
+              "log 124 = 4.82", measured=measured)
 claim(abs(first_half_nsp - math.log(2)) < 0.01, "over the first 250 steps, the NSP loss averages within 0.01 of "
       "log 2: a coin toss", measured=measured)
-claim(last_nsp < math.log(2) - 0.02, "over the last 50 steps, it averages at least 0.02 below log 2",
-      measured=measured)
+claim_between(last_nsp, None, 0.673, "over the last 50 steps, it averages at least 0.02 below log 2 (below 0.673)",
+              measured=measured)
 claim(last_nsp < sum(nsp_history[-100:-50]) / 50, "and the last 50 steps are lower than the 50 before",
       measured=f"{sum(nsp_history[-100:-50]) / 50:.3f} -> {last_nsp:.3f}")
 
 # %% [markdown]
-# The MLM loss falls from the uniform guess to below 1.5. The NSP loss does not follow: for the first half of the
-# run it stays at log 2, the loss of a coin toss, while the model learns the templates. Only in the second half does
-# it start to fall: over the last 50 steps it is at least 0.02 below log 2, and still lower than the 50 steps
-# before. A model that knew the topic perfectly, and nothing else, would reach 0.477, the dotted green line: it
+# The MLM loss falls from the uniform guess to about 1.1 here (below 1.5 on every CPU we tried). The NSP loss does
+# not follow: for the first half of the run it stays at log 2, the loss of a coin toss, while the model learns the
+# templates. Only in the second half does it start to fall: over the last 50 steps it averages about 0.52 here (at
+# least 0.02 below log 2 on every CPU we tried), still lower than the 50 steps before. A model that knew the topic perfectly, and nothing else, would reach 0.477, the dotted green line: it
 # would be sure on the quarter of the pairs whose topics differ, and on the rest could only give *IsNext* a
 # probability of 2/3. How low this run's NSP loss would go, the run cannot say: the learning rate (dashed) decays
 # linearly to 1/500 of its peak at the last step, so the last steps barely move the weights. Finding out would take a
@@ -1028,21 +1030,23 @@ print(f"NSP accuracy: {nsp_accuracy:.3f}   (chance 0.5, a perfect topic detector
 # %% tags=["skip-when-grading"]
 measured = (f"[MASK] {mask_accuracy:.3f} (fixed {fixed_accuracy:.3f}, open {open_accuracy:.3f}, misses at open places "
             f"{open_share_of_misses:.3f}), NSP {nsp_accuracy:.3f}")  # shown if a claim fails
-claim(mask_accuracy >= 0.7, f"the model fills at least 70% of the [MASK] positions (the baseline: {baseline:.1%})",
-      measured=measured)
-claim(fixed_accuracy >= 0.85, "where the template fixes the word, at least 85%", measured=measured)
-claim(open_share_of_misses >= 0.6, "at least 60% of its misses are at places the template leaves open",
-      measured=measured)
-claim(0.55 <= nsp_accuracy <= nsp_ceiling + 0.02, "NSP accuracy is at least 55%, above chance, and not above the "
+claim_between(mask_accuracy, 0.7, None, f"the model fills at least 70% of the [MASK] positions (the baseline: "
+              f"{baseline:.1%})", measured=measured)
+claim_between(fixed_accuracy, 0.85, None, "where the template fixes the word, at least 85%", measured=measured)
+claim_between(open_share_of_misses, 0.6, None, "at least 60% of its misses are at places the template leaves open",
+              measured=measured)
+claim_between(nsp_accuracy, 0.55, None, "NSP accuracy is at least 55%, above chance", measured=measured)
+claim(nsp_accuracy <= nsp_ceiling + 0.02, "and not above the "
       "ceiling of these pairs (with 2 points for luck)", measured=measured)
 
 # %% [markdown]
-# The model fills at least 70% of the blanks, against 10.5% for always guessing *the*: it has learned the
-# templates. Where the template fixes the word it is right at least 85% of the time, and at least 60% of its misses
-# are at the open places, which are only a fifth of the blanks: there the context tells the kind of word, a fruit
-# or a taste, but the word itself was drawn at random, so no model can know which. NSP is harder: at least 55%, above
-# chance, and not above what a perfect topic detector gets on these pairs, give or take 2 points of luck (76.6%; section 6's 75% is what it gets on
-# average). It learns the topic from the pooled `[CLS]` alone, one bit per pair, while MLM gets a signal at every
+# The model fills about 74% of the blanks here (at least 70% on every CPU we tried), against 10.5% for always
+# guessing *the*: it has learned the templates. Where the template fixes the word it is right about 89% of the time
+# (at least 85%), and about 64% of its misses (at least 60%) are at the open places, which are only a fifth of the
+# blanks: there the context tells the kind of word, a fruit or a taste, but the word itself was drawn at random, so
+# no model can know which. NSP is harder: about 72% here (at least 55%, above chance), and never above what a
+# perfect topic detector gets on these pairs, give or take 2 points of luck (76.6%; section 6's 75% is what it gets
+# on average). It learns the topic from the pooled `[CLS]` alone, one bit per pair, while MLM gets a signal at every
 # selected position.
 #
 # The real test of a contextual model: the same blank in two contexts. For the `[MASK]` in a fruit sentence and in
@@ -1176,28 +1180,34 @@ for name, values in measures.items():
 # %% tags=["skip-when-grading"]
 control, trained = measures["untrained (control)"], measures["pre-trained"]
 measured = str(measures)  # shown if a claim fails
-claim(0.8 <= control["own centre"] <= 0.95 and control["same place"] > 0.99,
-      "untrained: 'apple' is nearer its own sense's centre in 80% to 95% of the sentences, but at the same position "
-      "a fruit and a company 'apple' have a cosine above 0.99", measured=measured)
-claim(control["elsewhere"] < 0.5, "untrained, with the position taken out: below the 50% of a coin toss",
+claim_between(control["own centre"], 0.8, 0.95, "untrained: 'apple' is nearer its own sense's centre in 80% to 95% "
+              "of the sentences", measured=measured)
+claim(control["same place"] > 0.99, "but at the same position a fruit and a company 'apple' have a cosine above 0.99",
       measured=measured)
-claim(min(trained["own centre"], trained["elsewhere"]) >= 0.95 and trained["same place"] < 0.5,
-      "pre-trained: at least 95% by both measures, and at the same position the two senses have a cosine below 0.5",
-      measured=measured)
+claim_between(control["elsewhere"], None, 0.5, "untrained, with the position taken out: below the 50% of a coin toss",
+              measured=measured)
+claim_between(min(trained["own centre"], trained["elsewhere"]), 0.95, 1.0, "pre-trained: at least 95% by both "
+              "measures", measured=measured)
+claim_between(trained["same place"], None, 0.5, "and at the same position the two senses have a cosine below 0.5",
+              measured=measured)
 
 # %% [markdown]
-# The control already puts *apple* nearer its own sense's centre in 80% to 95% of the sentences, and the left
+# The control already puts *apple* nearer its own sense's centre in about 88% of the sentences here (80% to 95% on
+# every CPU we tried), and the left
 # picture shows how: its vectors form tight clusters, one per position, and the position nearly gives the sense
 # away: fruit and company templates share only positions 3 and 5, and at each of those one sense far outnumbers the
 # other. At the same position, a fruit *apple* and a company *apple* have almost the same vector (a mean cosine
-# above 0.99), and once the position is taken out the control does worse than a coin toss: below 50% (the
-# `elsewhere` printed above). That is not a signal pointing the wrong way. The vectors at one position are nearly
+# above 0.99), and once the position is taken out the control does worse than a coin toss: about 39% here, below
+# 50% on every CPU we tried (the `elsewhere` printed above). That is not a signal pointing the wrong way. The vectors at one position are nearly
 # the same, so nearly all of them land nearer the same centre and each position counts as almost wholly right or
 # wholly wrong: the score is a few large coin tosses, one per position, and a score below 50% says, as one at 50%
 # would, that these vectors carry nothing about the sense beyond their position.
-# The pre-trained encoder gets at least 95% by both measures, and at the same position the two senses now point
-# apart (a mean cosine below 0.5). No label was used in pre-training: filling in blanks forced the encoder to work out which *apple* each
-# sentence meant. This is the contextual vector chapter 01 asked for.
+# The pre-trained encoder gets about 100% of the sentences right here by both measures (at least 95% on every CPU
+# we tried), and at the same position the two senses now point apart (a mean cosine below zero here, below 0.5 on
+# every CPU we tried). No label was used in pre-training. Which of its two tasks taught the encoder to tell the
+# two *apple*s apart, this chapter does not test: the credit goes to pre-training as a whole, MLM and NSP together.
+# NSP alone can learn the topic, which is the sense here (section 9), and telling their shares apart would take a
+# second pre-training run with MLM alone. This is the contextual vector chapter 01 asked for.
 
 # %% [markdown]
 # ## 11. Fine-tuning for a sentence label: the sense of *apple*
@@ -1327,17 +1337,17 @@ with torch.no_grad():
 measured = f"pre-trained {pre_train:.3f} / {pre_test:.3f}, from scratch {scratch_train:.3f} / {scratch_test:.3f}"
 claim(min(pre_train, scratch_train) >= 0.95, "both models learn the 40 training sentences (at least 95% right)",
       measured=measured)
-claim(scratch_test <= 0.88, "on the unseen templates, the model from scratch gets at most 88% right",
-      measured=measured)
+claim_between(scratch_test, None, 0.88, "on the unseen templates, the model from scratch gets at most 88% right",
+              measured=measured)
 claim(pre_test > scratch_test, "the pre-trained model gets more of them right", measured=measured)
 
 # %% [markdown]
 # Both models learn the 40 training sentences. On the templates they never saw labelled, the model from scratch
-# gets at most 88% right: the taste and product words of its training sentences (*ripe*, *phone*...) come back in
+# gets about 81% right here (at most 88% on every CPU we tried): the taste and product words of its training sentences (*ripe*, *phone*...) come back in
 # some new templates, but the words that only the new templates use, such as *kitchen*, *juice*, *investors* or
 # *regulators*, mean nothing to it (*orchard* and *shares* it did see: their templates are among the three it was
-# trained on). The pre-trained model does better: it had grouped those words with the fruits and the companies
-# while it filled in blanks, and a few labels were enough to name the two groups.
+# trained on). The pre-trained model does better, presumably because pre-training (MLM and NSP together) had
+# grouped those words with the fruits and the companies, so that a few labels were enough to name the two groups.
 #
 # How much better? One fine-tuning run of 40 steps depends on its seed, which sets the first weights of what is
 # not pre-trained (the classifier; for the model from scratch, everything) and the order of the batches. Three more seeds, for both models, from the same pre-trained encoder:
@@ -1368,17 +1378,18 @@ print(" the mean: " + ", ".join(f"{name} {value:.3f}" for name, value in mean_ac
 
 # %% tags=["skip-when-grading"]
 measured = str(seed_accuracy)  # shown if a claim fails
-claim(mean_accuracy["pre-trained"] >= 0.9 and mean_accuracy["from scratch"] <= 0.88,
-      "averaged over the four seeds: pre-trained at least 90%, from scratch at most 88%", measured=measured)
-claim(mean_accuracy["pre-trained"] >= mean_accuracy["from scratch"] + 0.05, "a gap of at least 5 points",
-      measured=measured)
+claim_between(mean_accuracy["pre-trained"], 0.9, 1.0, "averaged over the four seeds: pre-trained at least 90%",
+              measured=measured)
+claim_between(mean_accuracy["from scratch"], None, 0.88, "from scratch at most 88%", measured=measured)
+claim_between(mean_accuracy["pre-trained"] - mean_accuracy["from scratch"], 0.05, None, "a gap of at least 5 points",
+              measured=measured)
 claim(sum(a["pre-trained"] > a["from scratch"] for a in seed_accuracy.values()) >= 3,
       "the pre-trained model is ahead with at least three of the four seeds", measured=measured)
 
 # %% [markdown]
-# Averaged over the four seeds, the pre-trained encoder gets at least 90% of the unseen templates right and the
-# model from scratch at most 88%, a gap of at least 5 points; the pre-trained model is ahead with at least three of
-# the four seeds. This is the whole argument for pre-training: unlabelled text is plentiful, labels are scarce.
+# Averaged over the four seeds, the pre-trained encoder gets about 100% of the unseen templates right here and the
+# model from scratch about 81%, a gap of about 19 points (on every CPU we tried: at least 90%, at most 88%, a gap of
+# at least 5 points); the pre-trained model is ahead with at least three of the four seeds. This is the whole argument for pre-training: unlabelled text is plentiful, labels are scarce.
 
 # %% [markdown]
 # ## 12. Fine-tuning for a label per token
@@ -1409,25 +1420,30 @@ print("test words:", ", ".join(f"{what} {int(where.sum())}" for what, where in g
 print(f"baseline 'always O', all words: {(gold[real] == TAGS.index('O')).float().mean():.3f}")
 
 
-def tagger_model(from_pretrained):
-    torch.manual_seed(6)
+def tagger_model(from_pretrained, seed=6):
+    torch.manual_seed(seed)  # the same classifier initialisation for both
     model = with_your_embeddings(BertForTokenClassification(config, n_labels=len(TAGS)))
     if from_pretrained:
         model.bert.load_state_dict(pretrained.bert.state_dict())
     return model
 
 
-taggers = {"pre-trained": tagger_model(True), "from scratch": tagger_model(False)}
-
-# %% tags=["nbval-ignore-output", "timing", "skip-when-grading"]
-for name, model in taggers.items():
-    def loss_of_batch(g, model=model):
+def fine_tune_tagger(model, seed, desc):
+    """40 steps of token classification on the 300 training sentences, batches drawn with `seed`."""
+    def loss_of_batch(g):
         ids, segments, padding, tags = batch_of(g, *tag_train)
         logits = model(ids, segments, padding)  # [batch, seq, 3]
         return F.cross_entropy(logits.reshape(-1, len(TAGS)), tags.reshape(-1), ignore_index=-100)
 
-    train(model, loss_of_batch, 40, lr=3e-3, seed=7, desc=name)
-    model.eval()
+    train(model, loss_of_batch, 40, lr=3e-3, seed=seed, desc=desc)
+    return model.eval()
+
+
+taggers = {"pre-trained": tagger_model(True), "from scratch": tagger_model(False)}
+
+# %% tags=["nbval-ignore-output", "timing", "skip-when-grading"]
+for name, model in taggers.items():
+    fine_tune_tagger(model, seed=7, desc=name)
 
 # %% tags=["nbval-ignore-output", "skip-when-grading"]
 tag_accuracy = {}  # name -> {group: accuracy}
@@ -1446,19 +1462,47 @@ print("pre-trained:", " ".join(f"{w}/{TAGS[t]}" if TAGS[t] != "O" else w
 
 # %% tags=["skip-when-grading"]
 pre, scratch = tag_accuracy["pre-trained"], tag_accuracy["from scratch"]
-measured = f"pre-trained {pre}, from scratch {scratch}"  # shown if a claim fails
 claim(min(pre["all words"], scratch["all words"]) >= 0.98, "both taggers get at least 98% of all the words right",
+      measured=f"pre-trained {pre}, from scratch {scratch}")
+
+# %% [markdown]
+# One seed again, and 121 tokens: a handful of them decide the gap. Three more seeds for both taggers (the
+# classifier's first weights, for the model from scratch all of them, and the order of the batches), from the same
+# pre-trained encoder, as in section 11:
+
+# %% tags=["nbval-ignore-output", "skip-when-grading"]
+is_apple = groups["'apple' only"]
+apple_accuracy = {6: {name: tag_accuracy[name]["'apple' only"] for name in taggers}}  # the run above
+for seed in (106, 206, 306):
+    apple_accuracy[seed] = {}
+    for name in taggers:
+        model = fine_tune_tagger(tagger_model(name == "pre-trained", seed), seed=seed + 1, desc=f"{name}, seed {seed}")
+        with torch.no_grad():
+            predicted = model(*tag_test[:3]).argmax(dim=-1)  # [400, 28]
+        apple_accuracy[seed][name] = (predicted[is_apple] == gold[is_apple]).float().mean().item()
+for seed, accuracy in apple_accuracy.items():
+    print(f"seed {seed:>3}, 'apple' tokens: " + ", ".join(f"{name} {value:.3f}" for name, value in accuracy.items()))
+mean_apple = {name: sum(a[name] for a in apple_accuracy.values()) / len(apple_accuracy) for name in taggers}
+print("      the mean: " + ", ".join(f"{name} {value:.3f}" for name, value in mean_apple.items()))
+
+# %% tags=["skip-when-grading"]
+measured = f"'apple' tokens by seed {apple_accuracy}"  # shown if a claim fails
+claim_between(mean_apple["pre-trained"], 0.97, 1.0, "averaged over the four seeds, the pre-trained tagger gets at "
+              "least 97% of the 121 'apple' tokens right", measured=measured)
+claim_between(mean_apple["from scratch"], None, 0.98, "the one from scratch at most 98%", measured=measured)
+claim(mean_apple["pre-trained"] >= mean_apple["from scratch"] + 0.02
+      and sum(a["pre-trained"] > a["from scratch"] for a in apple_accuracy.values()) >= 3,
+      "a gap of at least 2 points, and the pre-trained tagger ahead with at least three of the four seeds",
       measured=measured)
-claim(pre["'apple' only"] >= 0.99, "the pre-trained tagger gets at least 99% of the 121 'apple' tokens right",
-      measured=measured)
-claim(scratch["'apple' only"] <= pre["'apple' only"] - 0.02,
-      "the one from scratch gets at least 2 points fewer of them right", measured=measured)
 
 # %% [markdown]
 # Tagging is easy here: the fruit and company names other than *apple* always carry the same tag, and 88.2% of the
-# words are `O`. Both models learn it in 40 steps, with at least 98% of the words right. The difference is in the
-# one word whose tag depends on its context: the pre-trained tagger gets at least 99% of the 121 *apple* tokens of
-# the test set right, the one from scratch at least 2 points fewer.
+# words are `O`. Both models learn it in 40 steps, with at least 98% of the words right (first seed). The difference
+# is in the one word whose tag depends on its context. Averaged over the four seeds, the pre-trained tagger gets
+# about 99% of the 121 *apple* tokens of the test set right here (at least 97% on every CPU we tried), the one from
+# scratch about 95% (at most 98%): a gap of at least 2 points, with the pre-trained tagger ahead with at least three
+# of the four seeds. On 121 tokens one token is almost a point, so a single seed says little: here the first seed's
+# pre-trained tagger got every *apple* right and another seed's missed a few.
 
 # %% [markdown]
 # ## 13. Fine-tuning for span question answering
@@ -1612,19 +1656,21 @@ for i in [0, *both_apple.nonzero().flatten()[:2].tolist()]:
 # %%
 (pre_exact, pre_both, pre_backward), (scratch_exact, scratch_both, scratch_backward) = qa_results.values()
 measured = f"{qa_results}"  # shown if a claim fails
-claim(pre_exact >= 0.97 and pre_both >= 0.7, "from the pre-trained encoder, at least 97% of the answers are exact, "
-      "and at least 70% of those with 'apple' twice", measured=measured)
-claim(scratch_exact <= 0.7, "from scratch, at most 70%", measured=measured)
+claim_between(pre_exact, 0.97, 1.0, "from the pre-trained encoder, at least 97% of the answers are exact",
+              measured=measured)
+claim_between(pre_both, 0.7, 1.0, "and at least 70% of those with 'apple' twice", measured=measured)
+claim_between(scratch_exact, None, 0.7, "from scratch, at most 70%", measured=measured)
 claim(scratch_backward >= 50 and pre_backward <= scratch_backward / 3, "with separate argmaxes, the model from "
       "scratch would give at least 50 spans that end before they start, the pre-trained one a third of that or fewer",
       measured=measured)
 
 # %% [markdown]
-# From the pre-trained encoder, at least 97% of the 400 answers are exact, and at least 70% of the 27 questions
-# whose passage holds *apple* twice, where only the context tells the fruit from the company. From scratch, the same
-# 150 steps give at most 70%. The search over pairs matters too: taking the argmax of the start scores and of the
-# end scores separately would have produced at least 50 spans that end before they start for the model from
-# scratch, and a third of that or fewer for the pre-trained one.
+# From the pre-trained encoder, about 99% of the 400 answers are exact here (at least 97% on every CPU we tried),
+# and about 93% of the 27 questions whose passage holds *apple* twice (at least 70%), where only the context tells
+# the fruit from the company. From scratch, the same 150 steps give about 57% (at most 70%). The search over pairs
+# matters too: taking the argmax of the start scores and of the end scores separately would have produced about 90
+# spans that end before they start for the model from scratch (at least 50 on every CPU we tried), and a third of
+# that or fewer for the pre-trained one (about 5 here).
 
 # %% [markdown]
 # ## Summary
@@ -1638,20 +1684,22 @@ claim(scratch_backward >= 50 and pre_backward <= scratch_backward / 3, "with sep
 #   **segment** and a **position** embedding, then a LayerNorm.
 # * **Masked language modelling** selects 15% of the ordinary tokens; 80% of them become `[MASK]`, 10% a random
 #   token, 10% stay; the loss is the mean cross-entropy over the selected positions only (labels −100 elsewhere).
-#   Our small BERT filled at least 70% of the `[MASK]` positions of unseen text (the most frequent token: 10.5%),
-#   and its vectors for *apple* split by sense with no label at all, even among sentences where *apple* stands at
-#   a position the centres never saw; the same encoder untrained sorted them by position instead.
+#   Our small BERT filled about 74% of the `[MASK]` positions of unseen text here (always guessing the most frequent
+#   token: 10.5%).
 # * **Next-sentence prediction** pairs a sentence with its successor half the time and with a sentence of another
 #   document otherwise; it reads `[CLS]`. On our corpus it can only learn the topic, and RoBERTa (Liu et al., 2019)
 #   found it could be dropped.
+# * After pre-training (MLM and NSP together; no run here separates their shares), the vectors for *apple* split by
+#   sense with no label at all, even among sentences where *apple* stands at a position the centres never saw; the
+#   same encoder untrained sorted them by position instead.
 # * **One pre-training step** is chapter 07's training step with the corruption in front (a new mask at every step)
 #   and two losses added before the backward pass; the gradient is clipped before the optimizer uses it.
 # * **Fine-tuning** adds one layer and trains everything: a classifier on the pooled `[CLS]` for sentence labels, a
 #   classifier on every token for token labels, start and end scores with the best allowed span for question
 #   answering. With 40 labelled sentences, the pre-trained encoder recognised the sense of *apple* in kinds of
-#   sentences it had never seen labelled (at least 90% on average over four fine-tuning seeds, against at most 88%
-#   from scratch); it tagged at least 99% of the *apple* tokens right; and it answered at least 97% of the questions
-#   exactly (at most 70% from scratch).
+#   sentences it had never seen labelled (about 100% here on average over four fine-tuning seeds, about 81% from
+#   scratch); it tagged about 99% of the *apple* tokens right (about 95% from scratch, four seeds again); and it
+#   answered about 99% of the questions exactly (about 57% from scratch).
 #
 # ## What's next
 #
