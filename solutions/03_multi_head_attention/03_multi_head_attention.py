@@ -558,11 +558,12 @@ count_mha_parameters_impl = yours_or_reference(count_mha_parameters, check_count
 #
 # Head $i$ has $W_i^Q, W_i^K, W_i^V$ of size $d_{model} \times d_k$, plus $d_k$ biases each. All $h$ heads together
 # have $3 h (d_{model} d_k + d_k) = 3(d_{model}^2 + d_{model})$, because $h\, d_k = d_{model}$. $W^O$ maps the
-# $h \cdot d_k = d_{model}$ concatenated features back to $d_{model}$: another $d_{model}^2 + d_{model}$. So
+# $h \cdot d_k = d_{model}$ concatenated features back to $d_{model}$: another $d_{model}^2 + d_{model}$. So the
+# layer has
 #
 # $$P = 4\, d_{model}^2 + 4\, d_{model}$$
 #
-# parameters, or $4\, d_{model}^2$ without biases, whatever $h$ is.
+# parameters ($4\, d_{model}^2$ without biases), whatever $h$ is.
 #
 # The answer to the prediction: 8 heads and 1 head have **exactly** as many parameters. Multi-head attention
 # does not buy its several views with more parameters; it **cuts** one full-width head into $h$ independent
@@ -889,10 +890,10 @@ claim_between(accuracies[4][2] - accuracies[1][2], 0.05, None,
               measured=measured)
 
 # %% [markdown]
-# Here the 4-head model is right on about 1.00 of the test positions (at least 0.99 on every CPU we tried). The
-# single head is right on about 0.95 of the first-token answers and about 0.96 of the previous-token ones (at least
-# 0.8 on each), but on both questions at once it trails the 4-head model by about 0.08 (at least 0.05 on every CPU
-# we tried). The training curves:
+# On this run the 4-head model's accuracy is about 1.00 on both questions (at least 0.99 on every CPU we tried).
+# The single head's is about 0.95 on the first token and about 0.96 on the previous one (at least 0.8 on each), but
+# on both questions at once it trails the 4-head model by about 0.08 (at least 0.05 on every CPU we tried). The
+# training curves:
 
 # %%
 fig, ax = plt.subplots(figsize=(6, 3))
@@ -987,8 +988,8 @@ claim_between(share_first.max().item(), 0.9, None, "and almost all (> 0.9) of it
 #   concatenation keeps the two answers in separate coordinates, as in section 1. Several heads may end up doing
 #   the same job: nothing forbids redundancy.
 # * The single head has to serve both questions with one average. Averaged over the test sequences it spreads its
-#   weight over the first and the previous token, about 0.45 and about 0.49 here (at least 0.3 on each on every CPU
-#   we tried) — both stripes, each faded — the blend of section 1. Its entropy, about 0.81 here (between 0.6 and
+#   weight over the first and the previous token, about 0.45 and about 0.49 here (on every CPU we tried, at least
+#   0.3 on each) — both stripes, each faded — the blend of section 1. Its entropy, about 0.81 here (between 0.6 and
 #   1.1 on every CPU we tried), is a little above $\log 2 \approx 0.69$, the entropy of an even split between two
 #   keys, and far below the 1.80 of an even spread. But that average hides a wide spread. Sequence by sequence, the
 #   query at position 6 gives the first token anything from about 0.04 to about 0.96 of the weight it puts on the
@@ -1092,8 +1093,8 @@ for job in QUESTION:
 #   full-width head with $W^O$.
 # * Trained on a task with two relations, the heads of a 4-head layer specialised, one relation each (entropies at
 #   most about 0.34 here), and answered both questions; a single head blended the two on average (entropy
-#   about 0.81, though its split varied from sequence to sequence) and did worse. Switching heads off showed a head the model did not need, and that each relation lived only in
-#   its own heads.
+#   about 0.81, though its split varied from sequence to sequence) and did worse. Switching heads off showed a
+#   head the model did not need, and that each relation lived only in its own heads.
 #
 # ## What's next
 #
