@@ -92,10 +92,18 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # gradient of layer 30 will the gradient of layer 1 be, in each case: about 1, a thousand, or ten million times?
 
 # %%
-def per_layer_gradients(n_layers: int, residual: bool, d: int = 64, batch: int = 32) -> list[float]:
-    """Norm of dLoss/dW for each layer of a stack of tanh(x W + b) layers."""
+def per_layer_gradients(n_layers: int, residual: bool, gain: float | None = None, d: int = 64,
+                        batch: int = 32) -> list[float]:
+    """Norm of dLoss/dW for each layer of a stack of tanh(x W + b) layers.
+
+    gain None: nn.Linear's default initialisation; a number: Glorot's (uniform) with that gain, biases 0.
+    """
     torch.manual_seed(1)
     layers = nn.ModuleList(nn.Linear(d, d) for _ in range(n_layers))
+    if gain is not None:
+        for layer in layers:
+            nn.init.xavier_uniform_(layer.weight, gain=gain)  # variance gain^2 / d for a d x d matrix
+            nn.init.zeros_(layer.bias)
     g = torch.Generator().manual_seed(2)
     x = torch.randn(batch, d, generator=g)
     readout = torch.randn(d, generator=g)  # the loss is a fixed linear function of the output
@@ -129,7 +137,38 @@ plt.show()
 # ending seven orders of magnitude lower at layer 1 (layer 30's gradient is $1.3 \times 10^{7}$ times larger). An
 # optimiser cannot do anything useful with that. With shortcuts, every layer receives a gradient of the same
 # order (layer 1's is even about twice layer 30's, since it collects the gradient of every path above it).
-# That is the whole point of "Add".
+#
+# Where does the factor $10^{7}$ come from? Mostly from the initialisation. `nn.Linear` draws its weights from
+# $U(-1/\sqrt{d}, 1/\sqrt{d})$, of variance $1/(3d)$, so multiplying by $W$ scales a random vector by about
+# $\sqrt{1/3} \approx 0.577$. Between layer 30 and layer 1 the gradient crosses 29 layers; $0.577^{29}$ alone
+# accounts for a factor of $8.3 \times 10^{6}$ of the $1.3 \times 10^{7}$ measured, and the slope of tanh, below 1,
+# for the rest. A deep tanh network would not be initialised that way: Glorot & Bengio (2010) scale the weights
+# so that a vector keeps its size, and for tanh PyTorch's `nn.init.calculate_gain` gives the extra gain $5/3$.
+# **Predict**: with that initialisation, and the same initialisation for the residual chain, how far apart are
+# layer 1's and layer 30's gradients? And with a gain that is too large?
+
+# %%
+print(f"sqrt(1/3) = {3 ** -0.5:.3f};  1 / {3 ** -0.5:.3f} ** 29 = 3 ** 14.5 = {3 ** 14.5 / 1e6:.1f} million")
+tanh_gain = nn.init.calculate_gain("tanh")  # 5/3
+print(f"{'initialisation':<25} | {'plain: layer 30 / layer 1':>25} | {'residual: layer 30 / layer 1':>28}")
+for name, gain in [("nn.Linear's default", None), ("Glorot, gain 1", 1.0), ("Glorot, gain 5/3 (tanh)", tanh_gain),
+                   ("Glorot, gain 2.5", 2.5)]:
+    plain_g, residual_g = per_layer_gradients(30, False, gain), per_layer_gradients(30, True, gain)
+    print(f"{name:<25} | {plain_g[-1] / plain_g[0]:>25.2g} | {residual_g[-1] / residual_g[0]:>28.2g}")
+
+# %% [markdown]
+# With the initialisation meant for tanh, the plain chain's gradient does not vanish at all over 30 layers: layer
+# 1 gets about 23 times layer 30's (a ratio of 0.043), much like the residual chain with the same initialisation
+# (0.052). So the $10^{7}$ above is the default initialisation's doing, not something every 30-layer chain
+# suffers. What the shortcut buys is independence from that choice: across these four initialisations the plain
+# chain's ratio spans ten orders of magnitude, from a vanishing gradient (top row) to an exploding one (bottom
+# row), the residual chain's less than two. A shortcut keeps a path whose gain does not depend on the initialisation.
+#
+# He et al. make the same point from the other side: their plain networks, with a careful initialisation and
+# BatchNorm, had gradients of healthy size, and deeper ones still trained to a *higher* training error. They
+# argue that this degradation is "unlikely to be caused by vanishing gradients" (section 4.1) but is an
+# optimisation difficulty, which the residual form eases: a layer that should change nothing only has to learn
+# $F = 0$, not the identity. That, and the gradient path, is the point of "Add".
 #
 # Residual connections have a second, quieter effect: at initialisation, when $F$ is small and random,
 # $x + F(x) \approx x$, so a deep stack starts out close to the identity and the input's information reaches
@@ -270,10 +309,15 @@ draw_norm_axes()
 plt.show()
 
 # %% [markdown]
-# Transformers do not use BatchNorm, because the sentences of a batch have different lengths and interfere with
-# one another through those shared statistics. Prince (*Understanding Deep Learning*, section 12.4) puts it in one
-# line: LayerNorm is like BatchNorm, but it normalises over the $D$ dimensions of each token embedding instead of
-# over the batch. To see the interference we need a BatchNorm for padded batches, which is the next exercise.
+# Prince (*Understanding Deep Learning*, section 12.4) puts the difference in one line: LayerNorm is like
+# BatchNorm, but it normalises over the $D$ dimensions of each token embedding instead of over the batch.
+# Transformers use LayerNorm for several reasons. The one this section measures: through BatchNorm's shared
+# statistics, a sentence's output depends on the other sentences of its batch and on the padding their
+# lengths force. There are others: at inference the batch may be one sentence, or, when generating, one token,
+# so BatchNorm must switch to running averages collected in training and computes a different function at test
+# time; and Shen et al. (2020, "PowerNorm: Rethinking Batch Normalization in Transformers") found that in NLP
+# the batch statistics fluctuate strongly during training. To see the interference we need a BatchNorm for
+# padded batches, which is the next exercise.
 
 # %% [markdown]
 # ### Exercise 2 — `batch_norm`
@@ -340,15 +384,16 @@ print(batch_norm_impl(torch.tensor([[[1.0], [3.0]], [[5.0], [0.0]]]), torch.tens
 
 # %% [markdown]
 # Now the interference. We take three "sentences" of 4, 7 and 2 tokens with 8 features each (random vectors,
-# with a different scale per sentence, as real sentences differ). To put them in one tensor, shorter sentences
-# are **padded** with zero vectors up to the longest length. We then look at sentence A (4 tokens) in three
-# situations:
+# with a different scale per sentence, exaggerated on purpose: B's features are 3 times as wide and shifted by 2).
+# To put them in one tensor, shorter sentences are **padded** with zero vectors up to the longest length. We then
+# look at sentence A (4 tokens) in four situations:
 #
 # * alone, in a batch of one;
 # * alone, but padded to length 10 (as if the batch's longest sentence were 10 tokens long);
-# * in a batch with the two other sentences.
+# * in a batch with the two other sentences;
+# * in a batch with two sentences of the same lengths drawn at A's own scale, a fairer case.
 #
-# **Predict**: in which of the three situations does sentence A's output change, for BatchNorm? For BatchNorm
+# **Predict**: in which of the situations does sentence A's output change, for BatchNorm? For BatchNorm
 # with the padding masked out of its statistics? For LayerNorm?
 
 # %%
@@ -357,6 +402,8 @@ g = torch.Generator().manual_seed(5)
 sentence_a = torch.randn(4, d, generator=g)                 # [4 tokens, d]
 sentence_b = torch.randn(7, d, generator=g) * 3.0 + 2.0     # [7 tokens, d], larger values
 sentence_c = torch.randn(2, d, generator=g) * 0.5 - 1.0     # [2 tokens, d]
+sentence_b_alike = torch.randn(7, d, generator=g)           # [7 tokens, d], the scale of sentence A
+sentence_c_alike = torch.randn(2, d, generator=g)           # [2 tokens, d]
 
 
 def pad_batch(sentences: list[torch.Tensor], length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -381,6 +428,7 @@ situations = {
     "alone": pad_batch([sentence_a], 4),
     "alone, padded to 10": pad_batch([sentence_a], 10),
     "with sentences B and C": pad_batch([sentence_a, sentence_b, sentence_c], 7),
+    "with B and C of A's scale": pad_batch([sentence_a, sentence_b_alike, sentence_c_alike], 7),
 }
 norms = {
     "BatchNorm": lambda x, real: batch_norm_impl(x),
@@ -401,9 +449,11 @@ for situation, (batch, real) in situations.items():
 # next, depending on its neighbours and on how much padding the longest of them forced.
 #
 # Masking the padding out of BatchNorm's statistics fixes the second row but not the third (by up to 2.16): the
-# statistics still mix sentences. And at inference BatchNorm switches to running averages collected during
-# training, so a model also behaves differently in training and at test time. LayerNorm avoids all of it: the
-# same computation at training and at test time, for batches of any size, one sentence at a time if need be.
+# statistics still mix sentences. With neighbours of A's own scale (last row) the changes are hardly smaller, 1.82
+# unmasked and 1.49 masked: the exaggerated scales are not what creates the effect. A batch of 13 real tokens gives
+# noisy estimates of a feature's mean and variance, and A's four tokens are normalised with whatever this batch's
+# estimates happen to be. LayerNorm avoids all of it: the same computation at training and at test time, for batches of any size, one
+# sentence at a time if need be.
 
 # %% [markdown]
 # ## 4. The position-wise feed-forward network
@@ -674,8 +724,8 @@ def stack_gradients(n_layers: int, norm_first: bool, seed: int, d: int = 32, hea
     return [layer.feed_forward.linear2.weight.grad.norm().item() for layer in layers], stream
 
 
-def averaged(n_layers: int, norm_first: bool, seeds=(0, 1, 2), direct_only: bool = False):
-    runs = [stack_gradients(n_layers, norm_first, s, direct_only=direct_only) for s in seeds]
+def averaged(n_layers: int, norm_first: bool, seeds=(0, 1, 2), direct_only: bool = False, **sizes):
+    runs = [stack_gradients(n_layers, norm_first, s, direct_only=direct_only, **sizes) for s in seeds]
     grads = torch.tensor([r[0] for r in runs]).mean(dim=0)  # [n_layers]
     stream = torch.tensor([r[1] for r in runs]).mean(dim=0)  # [n_layers]
     return grads, stream
@@ -756,18 +806,56 @@ plt.show()
 #   has only its direct path, loses gradient in the same proportion: the product of its gradient and that
 #   stream size stays between
 #   1.62 and 1.71 (last printed row), and the dotted line in the right panel, computed from the
-#   measured stream sizes alone, follows the pre-norm curve.
+#   measured stream sizes alone, follows the pre-norm curve. The stream grows about like $\sqrt{L}$ (from 8.4 to
+#   32.8 while $L$ grows sixteenfold), so the top layer's gradient falls about like $1/\sqrt{L}$.
 #
-# Why that matters for the warm-up (Xiong et al., 2020): they show that at initialisation the gradients of the
-# parameters near the output of a post-norm Transformer are large and do not shrink with depth, while in
-# pre-norm they shrink as the stack deepens, for the reason measured above. With large gradients, the first
-# optimiser steps at the full learning rate move the top of a post-norm stack a lot, while Adam's running
-# estimates of the gradient statistics are still unreliable, and training can blow up before it has started. The
-# warm-up keeps the first steps small until the model has left this fragile starting point. Pre-norm models
-# train with a short warm-up or none, and stacks of dozens of layers train without tricks: that is why GPT-2,
-# GPT-3 and most large models since are pre-norm. Pre-norm has its price too: Liu et al. (2020, "Understanding
-# the Difficulty of Training Transformers") report that post-norm, when it does train stably, often reaches
-# slightly better results, and at the paper's depth of six layers, post-norm with a warm-up works well.
+# **Compare with the published figure.** Xiong et al. (2020) prove that at initialisation the gradient of the last
+# layer's FFN does not shrink with depth in post-norm and shrinks like $1/\sqrt{L}$ in pre-norm: the right panel
+# agrees. Their Figure 3, measured on a 6-layer translation Transformer at initialisation, also shows a profile
+# across the layers, and there this notebook disagrees: in their figure post-norm's gradient grows with the layer
+# index, toward the output, and pre-norm's stays flat; in the left panel post-norm's is flat and pre-norm's
+# *falls* toward the output. The profiles of their figure are those of our **direct paths** (post-norm's grows
+# from 0.003 to 0.221, pre-norm's stays between 0.082 and 0.091); in our setting the paths through the sub-layers
+# above add enough to change the picture. Is it our small width? The next cell repeats the measurement at their
+# size, 6 layers of $d_{model} = 512$ with 8 heads.
+
+# %%
+wide_post, _ = averaged(6, norm_first=False, d=512, heads=8)
+wide_pre, _ = averaged(6, norm_first=True, d=512, heads=8)
+print("6 layers of width 512, layer: " + " ".join(f"{i:>6d}" for i in range(1, 7)))
+print("post-norm |grad W2|:          " + " ".join(f"{v:6.3f}" for v in wide_post))
+print("pre-norm  |grad W2|:          " + " ".join(f"{v:6.3f}" for v in wide_pre))
+
+# %% [markdown]
+# The shapes stay: post-norm flat (0.213 to 0.251), pre-norm falling from 0.251 at layer 1 to 0.113 at layer 6.
+# So this notebook does not reproduce their Figure 3, and it cannot say which remaining difference explains it:
+# their model embeds real sentences, has a decoder, and is scored by a cross-entropy, where ours reads random
+# vectors and is scored by a mean-squared error. Read the left panel as what happens in this setting, not as a
+# general law.
+#
+# **Why the warm-up?** Xiong et al.'s answer: the gradients near the output of a post-norm stack are large at
+# initialisation, so the first steps at the full learning rate move its top layers a lot and training can blow up;
+# a warm-up keeps the first steps small. Their account is one of several, and it has a weak point: Transformers are
+# trained with Adam, which divides each parameter's gradient by a running estimate of that gradient's own size,
+# so its steps hardly depend on the gradient's scale. Its first step even moves every parameter by exactly the
+# learning rate, whatever the gradient (next cell). Liu et al. (2020, "Understanding the Difficulty of Training
+# Transformers") argue that the gradients' scale is not the main cause: balancing the gradients alone does not
+# make post-norm train stably. They point instead to post-norm's heavy dependence on its residual branches, which
+# amplifies small changes of the parameters into large changes of the output. Another account (Liu et al., 2020,
+# "On the Variance of the Adaptive Learning Rate and Beyond") blames Adam itself: in the first steps its estimate
+# of each gradient's size rests on too few gradients. What nobody disputes is the practice: pre-norm models train
+# with a short warm-up or none, and stacks of dozens of layers train without tricks, which is why GPT-2, GPT-3 and
+# most large models since are pre-norm. Pre-norm has its price too: Liu et al. ("Understanding the Difficulty")
+# report that post-norm, when it does train stably, often reaches slightly better results, and at the paper's
+# depth of six layers, post-norm with a warm-up works well.
+
+# %%
+for scale in (1.0, 1000.0):
+    w = torch.zeros(4, requires_grad=True)
+    adam = torch.optim.Adam([w], lr=0.001)
+    w.grad = scale * torch.tensor([0.3, -0.02, 2.0, -5.0])  # the same gradient, or a thousand times larger
+    adam.step()
+    print(f"gradient x {scale:>6g}: Adam's first step {w.detach()}")
 
 # %% [markdown]
 # ## 6. The encoder layer, assembled
@@ -897,7 +985,9 @@ with torch.no_grad():
 #
 # The encoder is $N$ such layers in a row, the output of one the input of the next: same computation, separate
 # parameters. The library's `Encoder(layer, n_layers, norm_first=False)` holds `n_layers` deep copies of a layer in
-# `encoder.layers` (so each has its own weights) and, in `encoder.norm`, the final LayerNorm of a pre-norm stack
+# `encoder.layers`, as PyTorch's `nn.TransformerEncoder` does: at the start every copy holds the *same values*, each
+# in its own tensors, so that training changes each layer separately (the full model of chapter 07
+# re-initialises them, so that they also start apart). In `encoder.norm` it holds the final LayerNorm of a pre-norm stack
 # (`nn.Identity()` in a post-norm one, whose layers already end with a norm). The shape never changes:
 # `[batch, seq, d_model]` in, `[batch, seq, d_model]` out, at every layer. That is what makes stacking possible.
 
@@ -967,6 +1057,8 @@ with torch.no_grad():
 same_storage = small_encoder.layers[0].feed_forward.linear1.weight.data_ptr() == \
     small_encoder.layers[1].feed_forward.linear1.weight.data_ptr()
 print("layers 1 and 2 share their weight tensor:", same_storage)
+print("layers 1 and 2 start from equal values:  ", torch.equal(small_encoder.layers[0].feed_forward.linear1.weight,
+                                                                small_encoder.layers[1].feed_forward.linear1.weight))
 
 # %% [markdown]
 # Every layer of this post-norm stack ends in a LayerNorm with $\gamma = 1, \beta = 0$, so every position
@@ -994,23 +1086,25 @@ print(f"about {count_parameters(base_encoder) / 1e6:.1f} million")
 # ## Summary
 #
 # * A **residual connection** computes $x + F(x)$. Its Jacobian $I + \partial F/\partial x$ gives the gradient a
-#   path through the stack on which it is never shrunk: in a 30-layer tanh stack, the first layer's gradient went
-#   from about $10^{-7}$ times the last layer's to the same order. Residual networks (He et al., 2016) made
-#   stacks of a hundred layers and more trainable.
+#   path through the stack on which it is never shrunk. In a 30-layer tanh chain with `nn.Linear`'s default
+#   initialisation the first layer's gradient was about $10^{-7}$ times the last layer's, and of the same order with
+#   shortcuts; that loss was mostly the initialisation's, and the shortcut kept the gradient's size under every
+#   initialisation tried. Residual networks (He et al., 2016) made stacks of a hundred layers and more trainable.
 # * **LayerNorm** (Ba et al., 2016) normalises each token's feature vector by itself: mean and *biased* variance over
 #   the last dimension, $\epsilon$ inside the square root, then $\gamma \hat{x} + \beta$. The Annotated
 #   Transformer's `x.std() + eps` is a slightly different function.
 # * **BatchNorm**'s statistics mix the tokens of a batch: the same sentence got a different output when padded or
-#   batched with others; masking the padding out removed the first effect, not the second. LayerNorm's output did
-#   not change at all.
+#   batched with others, even with neighbours of its own scale; masking the padding out removed the first effect,
+#   not the second. LayerNorm's output did not change at all.
 # * The **position-wise FFN**, $\max(0, xW_1 + b_1)W_2 + b_2$ with $d_{ff} = 4 d_{model}$, treats each position
 #   on its own with shared weights (a $1 \times 1$ convolution) and holds two thirds of an encoder layer's
 #   parameters. Its ReLU is one of the layer's non-linearities, with attention's softmax and the LayerNorms.
-# * **Post-norm** $\mathrm{LN}(x + F(x))$ (the paper) keeps the stream normalised, and the top layers' gradients
-#   do not shrink with depth, which is why it needs a learning-rate warm-up (Xiong et al., 2020). **Pre-norm**
-#   $x + F(\mathrm{LN}(x))$ lets the stream grow and normalises it once, at the end: the final LayerNorm scales
-#   every layer's direct path alike, by less the deeper the stack, and lower layers collect more gradient through
-#   the paths above them.
+# * **Post-norm** $\mathrm{LN}(x + F(x))$ (the paper) keeps the stream normalised, and its top layer's gradient
+#   does not shrink with depth; **pre-norm** $x + F(\mathrm{LN}(x))$ lets the stream grow and normalises it once,
+#   at the end, so its top layer's gradient falls about like $1/\sqrt{L}$, as Xiong et al. (2020) prove. Their
+#   per-layer profile is not reproduced here (only our direct paths have its shape). Why post-norm needs a
+#   warm-up is still argued: large gradients (Xiong et al.), though Adam's step hardly depends on their scale;
+#   the amplified dependence on the residual branches (Liu et al., 2020).
 # * An **encoder layer** is self-attention then FFN, each inside Add & Norm; it matches
 #   `nn.TransformerEncoderLayer`. The **encoder** chains $N$ of them (plus a final LayerNorm in pre-norm); the
 #   paper's base encoder (6 layers) has 18,914,304 parameters.
