@@ -130,10 +130,10 @@ print(f"correct  : {sum(p == w for p, w in zip(cheat, target))} of {L}")
 # The causal (or "look-ahead", "subsequent") mask is a square boolean matrix, with queries on the rows and
 # keys on the columns:
 #
-# $$M_{ij} = \begin{cases} \text{True} & j \le i \quad \text{(the key is the query itself or comes before it)} \\
-# \text{False} & j > i \quad \text{(the key is in the future)} \end{cases}$$
+# $$M_{ij} = \begin{cases} \mathrm{True} & j \le i \\ \mathrm{False} & j > i \end{cases}$$
 #
-# It is the **lower triangle** of a matrix of ones, diagonal included. Vaswani et al. ("Attention Is All You
+# True where the key is the query itself or comes before it, False where the key is in the future. It is the
+# **lower triangle** of a matrix of ones, diagonal included. Vaswani et al. ("Attention Is All You
 # Need", 2017, section 3.2.3) describe it as preventing leftward information flow in the decoder: the scores of
 # illegal connections are set to $-\infty$ *before* the softmax, so their exponential is 0, the future gets
 # exactly zero weight, and the visible weights still sum to one.
@@ -488,10 +488,8 @@ except ValueError as err:
 #
 # The decoder's self-attention needs both rules at the same time: a key is visible only if it is **not in the
 # future** *and* **not padding**. Two boolean masks combine with a logical AND (`&`), and broadcasting does
-# the layout:
-#
-# $$\underbrace{[L, L]}_{\text{causal}} \;\&\; \underbrace{[\text{batch}, 1, 1, L]}_{\text{padding}}
-# \;\longrightarrow\; [\text{batch}, 1, L, L].$$
+# the layout: the causal mask, `[L, L]`, AND the padding mask, `[batch, 1, 1, L]`, give one mask of shape
+# `[batch, 1, L, L]`.
 
 # %% [markdown]
 # ### Exercise 3 — `combine_decoder_mask`
@@ -936,8 +934,8 @@ print("float16 example:\n", masked_softmax_impl(scores16, mask16))
 # ### Pitfall 3: a fill value that is not negative enough (and `-1e9` in float16)
 #
 # Why not fill with some "big" negative constant? Because "big" is relative to the scores. After the fill,
-# a hidden key has score $c$ and gets weight $e^{c} / (\sum_{\text{visible}} e^{s_j} + \sum_{\text{hidden}} e^{c})$.
-# That is tiny only if $c$ is far below **every visible score**, and scores can be large and negative.
+# a hidden key has score $c$ and gets weight $e^{c} / (\sum_{j \in V} e^{s_j} + |H|\, e^{c})$, with $V$ the
+# visible keys and $|H|$ the number of hidden ones. That is tiny only if $c$ is far below **every visible score**, and scores can be large and negative.
 #
 # **Predict**: for a query whose visible scores are around $-12$, how much weight leaks to the hidden keys if
 # they are filled with $-10$?
@@ -955,8 +953,9 @@ for fill in [0.0, -1.0, -10.0, -1e4, torch.finfo(torch.float32).min]:
     print(f"{fill:>14.4g} | " + " | ".join(f"{'leaked weight ' + format(x, '.2e'):>26}" for x in leaks))
 
 # %% [markdown]
-# A fill of 0 or $-1$ hands the hidden keys a large share. $-10$ looks safe for the first query, but for the
-# second the hidden keys take almost all the weight: $-10$ is *larger* than $-12$. Only a fill far below any
+# A fill of 0 or $-1$ hands the hidden keys a large share: 0.165 and 0.0679 of the first query's weight,
+# practically all of the second's. $-10$ looks safe for the first query (it leaks less than a hundred-thousandth), but for the
+# second the hidden keys take 0.929 of the weight: $-10$ is *larger* than $-12$. Only a fill far below any
 # score that can occur is safe, which is why the library uses the most negative number of the dtype.
 #
 # Then why not the classic `-1e9`, the fill of the Annotated Transformer's `attention` function (Rush, "The
