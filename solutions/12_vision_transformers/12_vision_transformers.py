@@ -65,7 +65,7 @@ from transformer_lib.checks.ch12 import (
     check_window_partition,
     check_window_reverse,
 )
-from transformer_lib.claims import claim
+from transformer_lib.claims import claim, claim_between
 from transformer_lib.datasets_vision import digits_split
 from transformer_lib.diagrams.ch12 import (draw_feature_pyramid, draw_relative_index, draw_shifted_windows,
                                            draw_vit_pipeline)
@@ -987,7 +987,7 @@ print(f"Swin-T: {count_parameters(swin_t):,} parameters ({count_parameters(swin_
 # their group; the scores are scaled by $1/\sqrt{C_g}$, with $C_g$ the number of channels per group (Ding et al.,
 # section 3), although each dot product runs over the $N$ patches. A group's score matrix is $C_g \times C_g$ whatever the size
 # of the image, but each of its entries is a dot product over $N$ positions, so the cost, about $N C_g^2$ per group
-# and $N C^2 / \text{groups}$ in all, grows *linearly* with the number of patches: like window attention's, and
+# and, with $G = C / C_g$ groups, $N C^2 / G$ in all, grows *linearly* with the number of patches: like window attention's, and
 # unlike the $N^2$ of global attention. DaViT alternates the two: spatial window attention, which models local detail
 # between the patches of a window, then channel attention, which gives every block a view of the whole image.
 #
@@ -1138,6 +1138,8 @@ trained_swin = next(r.model for r in final if r.name == "Swin")
 probe = data.test_images[:4]  # [4, 1, 8, 8]
 assert model_calls(trained_vit, vit_forward_impl, probe) == 1
 assert model_calls(trained_swin, swin_window_attention_impl, probe) == len(trained_swin.blocks()) == 4
+print("the Swin's blocks, stage by stage: windows of", [f"{b.window}x{b.window}" for b in trained_swin.blocks()],
+      "shifts", [b.shift for b in trained_swin.blocks()])
 for model_name, used, learners in [("ViT", vit_forward_impl, vit_forward),
                                    ("Swin", swin_window_attention_impl, swin_window_attention)]:
     print(f"the trained {model_name} ran {'your' if used is learners else 'the reference'} `{learners.__name__}`")
@@ -1195,57 +1197,67 @@ measured = "; ".join(f"{name} " + " / ".join(f"{mean[name, n]:.1%} [{min(runs[na
 losses = ", ".join(f"{key}: {value:.3f}" for key, value in end_loss.items())
 claim(all(min(runs["CNN", n]) > max(runs["ViT", n] + runs["Swin", n]) for n in SIZES),
       "at every size, each of the CNN's three runs beats every run of both Transformers", measured=measured)
-claim(all(lead[n] >= 0.05 for n in SIZES),
-      "at every size, the CNN's mean is at least 5 points above the better Transformer's", measured=measured)
-claim(mean["CNN", N_ALL] >= 0.97, "with all 1,047 images the CNN averages at least 97%: close to the ceiling",
-      measured=measured)
-claim(drop["Swin"] >= 0.14 and max(drop["CNN"], drop["ViT"]) <= 0.11,
-      "from 1,047 images down to 100, Swin's mean falls by at least 14 points, the CNN's and the ViT's by at most 11",
-      measured=", ".join(f"{name} {d * 100:.1f}" for name, d in drop.items()))
-claim(mean["ViT", 100] - mean["Swin", 100] >= 0.04, "with 100 images the ViT's mean is at least 4 points above Swin's",
-      measured=measured)
+claim_between(min(lead.values()), 0.05, None,
+              "at every size, the CNN's mean is at least 5 points above the better Transformer's", measured=measured)
+claim_between(mean["CNN", N_ALL], 0.97, 1.0, "with all 1,047 images the CNN averages at least 97%: close to the "
+              "ceiling", measured=measured)
+drops = ", ".join(f"{name} {d * 100:.1f}" for name, d in drop.items())
+claim_between(drop["Swin"], 0.14, None, "from 1,047 images down to 100, Swin's mean falls by at least 14 points",
+              measured=drops)
+claim_between(max(drop["CNN"], drop["ViT"]), None, 0.11, "the CNN's and the ViT's by at most 11", measured=drops)
+claim_between(mean["ViT", 100] - mean["Swin", 100], 0.04, None,
+              "with 100 images the ViT's mean is at least 4 points above Swin's", measured=measured)
 claim(all(max(min(runs["ViT", n]), min(runs["Swin", n])) <= min(max(runs["ViT", n]), max(runs["Swin", n]))
           for n in SIZES[1:]),
       "with 300 and with 1,047 images, the ViT's range of runs and Swin's overlap", measured=measured)
-claim(max(end_loss[key] for key in end_loss if key[1] == 100) < 0.15
-      and max(end_loss[name, 100, seed] for name in ("CNN", "Swin") for seed in SEEDS) < 0.02,
-      "with 100 images every run ends with a training loss below 0.15, every CNN and Swin run below 0.02: each model "
-      "all but fits its training images", measured=losses)
-claim(max(end_loss["Swin", 300, seed] for seed in SEEDS) < 0.06 and min(end_loss["ViT", 300, seed] for seed in SEEDS) > 0.15,
-      "with 300 images every Swin run ends below 0.06 and every ViT run above 0.15", measured=losses)
+claim_between(max(end_loss[key] for key in end_loss if key[1] == 100), None, 0.15,
+              "with 100 images every run ends with a training loss below 0.15", measured=losses)
+claim(max(end_loss[name, 100, seed] for name in ("CNN", "Swin") for seed in SEEDS) < 0.02,
+      "every CNN and Swin run below 0.02: each model all but fits its training images", measured=losses)
+claim_between(max(end_loss["Swin", 300, seed] for seed in SEEDS), None, 0.06,
+              "with 300 images every Swin run ends below 0.06", measured=losses)
+claim(min(end_loss["ViT", 300, seed] for seed in SEEDS) > 0.15, "and every ViT run above 0.15", measured=losses)
 claim(max(end_loss["CNN", N_ALL, seed] for seed in SEEDS) < 0.05
       and min(end_loss[name, N_ALL, seed] for name in ("ViT", "Swin") for seed in SEEDS) > 0.15,
       "with 1,047 images every CNN run ends below 0.05, every ViT and Swin run above 0.15", measured=losses)
 
 # %% [markdown]
 # The CNN wins, and not by the luck of one seed: at every size, each of its three runs beats every run of both
-# Transformers, and its mean is at least 5 points above the better Transformer's. How much of that is the
+# Transformers, and its mean is about 7 to 8 points above the better Transformer's here (at least 5 on every CPU we
+# tried). How much of that is the
 # convolution's knowledge of images, and how much the training budget? The end-of-training losses tell the two
 # apart, because a model that has all but fitted its training images has nothing left to learn from them: what it
 # gets wrong on the test set it gets wrong for lack of examples, not of steps.
 #
-# * **With 100 images** every model all but fits its training set (every run ends with a loss below 0.15, the CNN's
-#   and Swin's below 0.02). The gap here is about what each model makes of few examples, and it is the one result of
-#   the table that reads cleanly as the inductive-bias argument: a convolution knows in advance that nearby pixels
-#   matter and that a stroke is a stroke wherever it appears; a Transformer must learn both from the data.
-# * **With 300 images** Swin fits its training images too (every run below 0.06), and the CNN's lead over Swin is again a
-#   gap in what the models learn from the data. The ViT is still learning (every run above 0.15): its gap mixes a
-#   shortage of data with a shortage of steps.
+# * **With 100 images** every model all but fits its training set (every run ends with a loss of about 0.10 at
+#   worst here, below 0.15 on every CPU we tried; the CNN's and Swin's below 0.02). The gaps here are about what
+#   each model makes of few examples, and they read most cleanly as the inductive-bias argument: a convolution knows
+#   in advance that nearby pixels matter and that a stroke is a stroke wherever it appears; a Transformer must learn
+#   both from the data.
+# * **With 300 images** Swin fits its training images too: its worst run ends at about 0.05 here (below 0.06 on every
+#   CPU we tried), about as low as the CNN's runs with 1,047 images (below 0.05). More steps would have little left
+#   to teach it, so the CNN's lead over Swin is again a gap in what the models learn from the data, not a shortage of
+#   steps. The ViT is still learning (every run above 0.15): its gap mixes a shortage of data with a shortage of
+#   steps.
 # * **With 1,047 images** both Transformers are still learning when the 150 steps run out (every ViT and Swin run
-#   ends above 0.15, every CNN run below 0.05), and the CNN meets a **ceiling**: 8x8 digits are easy, it averages at
-#   least 97%, and has little left to gain. Here the gap measures how fast the models learn as much as how much data
+#   ends above 0.15, every CNN run below 0.05), and the CNN meets a **ceiling**: 8x8 digits are easy, it averages
+#   about 98% here (at least 97% on every CPU we tried), and has little left to gain. Here the gap measures how fast the models learn as much as how much data
 #   they need. A longer budget would probably narrow it; this experiment does not say by how much.
 #
-# Among the Transformers, Swin pays the most for missing data: from 1,047 images down to 100 its mean falls by at
-# least 14 points, the CNN's and the ViT's by at most 11, and with 100 images the ViT's mean is at least 4 points
-# above Swin's. Swin's windows build some locality back in, yet at this tiny scale they do little of it: the first
-# stage's 4x4 map is cut into four windows of 2x2 tokens, and the second stage's 2x2 map is a single window, never
-# shifted, so only one of the four blocks (the second of stage 1) shifts its windows. That locality did not help Swin
+# Among the Transformers, Swin pays the most for missing data: from 1,047 images down to 100 its mean falls by
+# about 18 points here (at least 14 on every CPU we tried), the CNN's by about 9 and the ViT's by about 7 (at most 11),
+# and with 100 images the ViT's mean is about 8 points above Swin's (at least 4). Swin's windows build some locality
+# back in, yet at this tiny scale they do little of it: the first stage's 4x4 map is cut into four windows of 2x2
+# tokens, and the second stage's 2x2 map is a single window, never shifted, so only one of the four blocks (the
+# second of stage 1) shifts its windows (the shifts printed above the test results: 0, 1, 0, 0). Its attention is
+# local only in stage 1, and even there a token's window holds a quarter of the map; in stage 2 every token attends
+# to every other, as in the ViT. That locality did not help Swin
 # with 100 images; why, this experiment cannot tell. With 300 and with 1,047 images the two Transformers' ranges
 # overlap: three runs each cannot rank them there.
 #
-# So the experiment supports the inductive-bias argument where it can test it, with few images, and cannot follow
-# it further. The other half of ViT's story, the crossover where enough data let a Transformer overtake the
+# So the experiment supports the inductive-bias argument where every model has fitted its training images: with 100
+# images, and against Swin with 300. Where a Transformer is still learning when the steps run out, it cannot tell
+# the argument from the budget. The other half of ViT's story, the crossover where enough data let a Transformer overtake the
 # convolutional networks, took ImageNet-21k's 14 million images to come close and JFT-300M's 303 million to get past
 # (section 4). That is out of a notebook's reach, and this experiment does not show it.
 
@@ -1273,9 +1285,10 @@ claim(max(end_loss["CNN", N_ALL, seed] for seed in SEEDS) < 0.05
 #   whose cost grows linearly with the number of patches, not with its square.
 # * On 8x8 digits, under one protocol (a validation set to choose the learning rates, the same 150 steps for every
 #   model, three seeds apart from the tuning), a small CNN beat a ViT and a Swin of about its size at every
-#   training-set size, each of its runs above every Transformer run. With 100 images, where every model all but
-#   fits its training set, that gap is the convolution's built-in knowledge at work; at the larger sizes the
-#   Transformers are still learning when the steps run out, so the gap there is partly a matter of speed.
+#   training-set size, each of its runs above every Transformer run. The gap reads as the convolution's built-in
+#   knowledge only where the Transformer has all but fitted its training images (both with 100 images, Swin with
+#   300); where it is still learning when the steps run out (the ViT from 300 images on, both with 1,047), the gap
+#   is partly a matter of speed.
 #
 # ## What's next
 #
