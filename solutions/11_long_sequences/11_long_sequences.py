@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from transformer_lib import sparse
 from transformer_lib.attention import scaled_dot_product_attention, softmax
 from transformer_lib.checks import exercise_summary, yours_or_reference
-from transformer_lib.claims import claim
+from transformer_lib.claims import claim, claim_between
 from transformer_lib.checks.ch11 import (
     check_banded_attention,
     check_causal_linear_attention,
@@ -524,8 +524,8 @@ plt.show()
 #
 # A span is a rectangle and the band is not: the first query of a block cannot see the last $b - 1$ keys of its
 # span, the last query cannot see the first $b - 1$. So each block still needs a mask, a small one of shape
-# $[b, \text{span}]$, built from the *real* positions of its queries and keys, exactly as `sliding_window_mask`
-# builds the big one.
+# $[b, \ell]$, where $\ell \le b + 2w$ is the length of the block's span, built from the *real* positions of its
+# queries and keys, exactly as `sliding_window_mask` builds the big one.
 #
 # ### Exercise 5 — `banded_attention`
 # > **Difficulty** ●●● · **Importance** ●●● · about 40 minutes
@@ -1132,14 +1132,16 @@ fig.tight_layout()
 plt.show()
 online_slope, fused_slope = loglog_slope(measured["online"][1]), loglog_slope(measured["PyTorch fused"][1])
 others = min(loglog_slope(memory) for name, (_, memory) in measured.items() if name != "PyTorch fused")
-claim(abs(online_slope - 1) < 0.05 and fused_slope < min(0.9, others),
-      "memory slopes: the online softmax's is 1, the fused kernel's below 1 and the lowest of all",
-      measured=f"online {online_slope:.2f}, fused {fused_slope:.2f}, lowest of the others {others:.2f}")
+slopes = f"online {online_slope:.2f}, fused {fused_slope:.2f}, lowest of the others {others:.2f}"
+claim(abs(online_slope - 1) < 0.05, "memory slopes: the online softmax's is 1 (within 0.05)", measured=slopes)
+claim_between(fused_slope, None, 0.9, "the fused kernel's is below 0.9", measured=slopes)
+claim(fused_slope < others, "and the lowest of all", measured=slopes)
 
 # %% [markdown]
 # Read the two panels together. Dense attention is quadratic in both. The fused kernel does the same arithmetic
 # (its time slope is about 2, like dense attention's) faster than the readable path, and its memory stays at a
-# few megabytes: it never stores the score matrix. Its memory slope is the lowest of all, below 1: PyTorch's CPU
+# few megabytes: it never stores the score matrix. Its memory slope is the lowest of all, about 0.5 here (the
+# claim asks only that it stay below 0.9): PyTorch's CPU
 # kernel works on tiles of a fixed number of queries and keys, with one set of tile buffers per thread, so its
 # working memory does not depend on $n$; only its output, $n \times d$ numbers, and one number per query grow. The
 # library's online softmax does not share that profile. Its memory grows with slope 1 (13.1 MiB at $n = 4{,}096$,
