@@ -809,9 +809,9 @@ plt.show()
 #   measured stream sizes alone, follows the pre-norm curve. The stream grows about like $\sqrt{L}$ (from 8.4 to
 #   32.8 while $L$ grows sixteenfold), so the top layer's gradient falls about like $1/\sqrt{L}$.
 #
-# **Compare with the published figure.** Xiong et al. (2020) prove that at initialisation the gradient of the last
-# layer's FFN does not shrink with depth in post-norm and shrinks like $1/\sqrt{L}$ in pre-norm: the right panel
-# agrees. Their Figure 3, measured on a 6-layer translation Transformer at initialisation, also shows a profile
+# **Compare with the published figure.** Xiong et al. (2020, Theorem 1) bound the gradient of the last layer's FFN
+# at initialisation: independent of the depth in post-norm, shrinking like $1/\sqrt{L}$ in pre-norm. The right
+# panel agrees. Their Figure 3, measured on a 6-layer translation Transformer at initialisation, also shows a profile
 # across the layers, and there this notebook disagrees: in their figure post-norm's gradient grows with the layer
 # index, toward the output, and pre-norm's stays flat; in the left panel post-norm's is flat and pre-norm's
 # *falls* toward the output. The profiles of their figure are those of our **direct paths** (post-norm's grows
@@ -1101,7 +1101,7 @@ print(f"about {count_parameters(base_encoder) / 1e6:.1f} million")
 #   parameters. Its ReLU is one of the layer's non-linearities, with attention's softmax and the LayerNorms.
 # * **Post-norm** $\mathrm{LN}(x + F(x))$ (the paper) keeps the stream normalised, and its top layer's gradient
 #   does not shrink with depth; **pre-norm** $x + F(\mathrm{LN}(x))$ lets the stream grow and normalises it once,
-#   at the end, so its top layer's gradient falls about like $1/\sqrt{L}$, as Xiong et al. (2020) prove. Their
+#   at the end, so its top layer's gradient falls about like $1/\sqrt{L}$, as Xiong et al.'s (2020) bound says. Their
 #   per-layer profile is not reproduced here (only our direct paths have its shape). Why post-norm needs a
 #   warm-up is still argued: large gradients (Xiong et al.), though Adam's step hardly depends on their scale;
 #   the amplified dependence on the residual branches (Liu et al., 2020).
