@@ -924,8 +924,8 @@ for kind, (rev, prev16, prev32) in results.items():
 #   not where the query is, and reversing needs a different offset at every position. Where its 0.578 comes
 #   from is the next cell's question.
 # * **The relative bias copies the previous token** at its training length (1.000) and still at twice that
-#   length (0.984): "offset $-1$" means the same thing everywhere. Section 9's last cell shows how far that
-#   carries.
+#   length (0.984): "offset $-1$" means the same thing everywhere. The last cell of this section shows how far
+#   that carries.
 # * **Sinusoidal** copies well up to the length it was trained on and worse beyond (0.659 at length 32):
 #   the rotation property *allows* a length-independent rule, but nothing forced this model to learn
 #   one using only positions 0–15. "Extrapolates" means "has a vector for every position", not "works there".
