@@ -31,7 +31,8 @@ from transformer_lib import language  # noqa: E402
 
 # -- what counts as English a learner would read --------------------------------------------------------
 #
-# An English word is a run of two or more ASCII letters that is not code, a name or a unit:
+# An English word is a run of two or more ASCII letters that is not code, a name or a unit (a hyphen
+# separates two words: fine-tuning is two, top-k is one, GPT-2 none):
 #   * not touching a character that makes it code: _ . ( [ { = / \ ^ ` # < > or a digit (d_model, x.view,
 #     transpose(1, 2), GPT-2, 124M, <pad>);
 #   * not all capitals (an acronym or a name: BERT, GPU, CLS), nor a word with a capital inside (LayerNorm,
@@ -46,13 +47,12 @@ KEPT = {"softmax", "token", "tokens", "Transformer", "Transformers", "logits", "
 UNITS = {"ms", "us", "ns", "µs", "MB", "GB", "KB", "kB", "MiB", "GiB", "nats", "bit", "bits", "dB", "px", "it"}
 NOT_TEXT = re.compile(r"\$[^$]*\$|`[^`]*`|“[^”]*”|‘[^’]*’|「[^」]*」|『[^』]*』|(?<![A-Za-z])'[^'\n]*'(?![A-Za-z])"
                       r"|\"[^\"\n]*\"")
-ENGLISH_WORD = re.compile(r"(?<![A-Za-z0-9_.(\[{=/\\^`#<>-])[A-Za-z]{2,}(?:-[A-Za-z]+)*(?![A-Za-z0-9_.(\[{=/\\^`#<>])")
+ENGLISH_WORD = re.compile(r"(?<![A-Za-z0-9_.(\[{=/\\^`#<>])[A-Za-z]{2,}(?![A-Za-z0-9_.(\[{=/\\^`#<>])")
 SEPARATOR = re.compile(r"[ \t]+|[ \t]*-[ \t]*")
 
 
 def _is_word(word: str) -> bool:
-    parts = word.split("-")
-    if word in KEPT or word in UNITS or all(p in KEPT or p in UNITS for p in parts):
+    if word in KEPT or word in UNITS:
         return False
     if word.isupper() or any(c.isupper() for c in word[1:]):
         return False
@@ -66,21 +66,19 @@ def english_words(text: str) -> list[tuple[int, int, str]]:
 
 
 def english_sentences(text: str) -> list[str]:
-    """The runs of two or more English words in `text` (a hyphenated word counts as two)."""
-    words = english_words(text)
-    runs, current, end = [], [], None
-    for start, stop, word in words:
-        joined = end is not None and SEPARATOR.fullmatch(text[end:start] or "")
-        if current and joined:
-            current.append(word)
+    """The runs of two or more English words in `text`, as they stand in it."""
+    runs, first, count, end = [], None, 0, None
+    for start, stop, _ in english_words(text):
+        if first is not None and SEPARATOR.fullmatch(text[end:start] or ""):
+            count += 1
         else:
-            if current:
-                runs.append(current)
-            current = [word]
+            if count >= 2:
+                runs.append(text[first:end])
+            first, count = start, 1
         end = stop
-    if current:
-        runs.append(current)
-    return [" ".join(run) for run in runs if sum(len(w.split("-")) for w in run) >= 2]
+    if count >= 2:
+        runs.append(text[first:end])
+    return runs
 
 
 # -- the strings a chapter's code sends to a claim or a figure --------------------------------------------

@@ -48,6 +48,7 @@ def test_what_counts_as_an_english_sentence():
     assert found("多头注意力：沿途 the shapes") == ["the shapes"]
     assert found("黄色 = may attend，灰色 = 被遮住") == ["may attend"]
     assert found("fine-tuning 之后") == ["fine-tuning"]  # a hyphenated word is two
+    assert found("top-k 和 top-p 截掉了长尾") == []  # top is kept, k a symbol
     # Not English a learner reads: code, names, units, mathematics, quoted data, single words.
     for text in ("view + transpose(1, 2)", "[B, L, d_model]", "mask.unsqueeze(1) → [2, 1, 1, 5]", "GPT-2 small",
                  "LayerNorm 与 BatchNorm", "softmax token", "$\\mathrm{softmax}(QK^T)$", "模型生成 'the cat sat on'",

@@ -21,6 +21,7 @@ string a line, with its kind): the test's window on what a learner sees, from an
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 
@@ -115,7 +116,14 @@ def _chinese() -> bool:
     families = matplotlib.rcParams["font.family"]
     if _font not in families:  # a fallback for every text made from now on, the learner's own included
         matplotlib.rcParams["font.family"] = [*families, _font]
+        # Most CJK fonts have one weight: a bold title is drawn in the regular one, and matplotlib says so
+        # on stderr for every such text. The learner need not read that.
+        logging.getLogger("matplotlib.font_manager").addFilter(_no_single_weight_note)
     return True
+
+
+def _no_single_weight_note(record) -> bool:
+    return not (record.getMessage().startswith("findfont: Failed to find font weight") and _font in record.getMessage())
 
 
 def _give_cjk_font(text) -> None:
