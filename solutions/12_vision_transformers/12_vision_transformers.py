@@ -1034,9 +1034,9 @@ for n in (56 * 56, 112 * 112):  # a 224x224 and a 448x448 image in 4x4 patches
 #     locality and weight sharing built in;
 #   * **ViT**: the one of section 4: 2x2 patches (16 tokens + [CLS]), $d_{model} = 40$, 4 heads, one encoder layer
 #     with an MLP twice as wide as the tokens; it runs on your `patchify` and your `vit_forward`;
-#   * **Swin**: 2x2 patches (a 4x4 map), $C = 12$, windows of 2x2 tokens shifted by 1 in every other block, then one
-#     patch merging to a 2x2 map with 24 channels (a single window); 2 blocks per stage with 2 and 4 heads, MLPs
-#     twice as wide as the tokens. It runs on your `patchify`, `window_partition`, `window_reverse`,
+#   * **Swin**: 2x2 patches (a 4x4 map), $C = 12$, windows of 2x2 tokens, shifted by 1 in the second block; then one
+#     patch merging to a 2x2 map with 24 channels, a single window, which neither of its blocks shifts (there is
+#     nothing to shift); 2 blocks per stage with 2 and 4 heads, MLPs twice as wide as the tokens. It runs on your `patchify`, `window_partition`, `window_reverse`,
 #     `shifted_window_mask`, `relative_position_index_2d`, `swin_window_attention` and `merge_patches`.
 # * **Training**, the same for all three: AdamW with weight decay 0.05, a 20-step linear warm-up and then a cosine
 #   decay to zero, batches of 64, and **150 steps at every training-set size**: the same number of weight updates
