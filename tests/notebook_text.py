@@ -11,8 +11,9 @@ This module finds the strings that need an entry, and says what counts as Englis
   as its catalogue key (an f-string's replacement fields written {0}, {1}, ...);
 * `diagram_texts()`: every text each diagram of transformer_lib/diagrams draws.
 
-    python tests/notebook_text.py status     # keys without a Chinese entry
+    python tests/notebook_text.py status     # keys without a Chinese entry, and orphaned entries
     python tests/notebook_text.py scaffold   # add a blank entry for each to the catalogues
+    python tests/notebook_text.py prune      # delete the orphans (once their translation is carried over)
 """
 
 from __future__ import annotations
@@ -306,6 +307,43 @@ def missing(kind: str, keys: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(k, w) for k, w in keys if k not in translated]
 
 
+HAND_SECTIONS = ("values ", "diagrams: the texts that depend")  # entries no static reading finds: kept
+
+
+def orphans(kind: str, keys: list[tuple[str, str]], drawn: set[str] = frozenset()) -> list[str]:
+    """Entries outside the hand-written sections that no key needs and no diagram draws (`drawn`, in
+    English) any more (an English edit orphans its old entry): carry the translation over, then delete."""
+    path = language.CATALOGUE_DIR / FILES[kind]
+    wanted = {k for k, _ in keys} | {t.replace("{", "{{").replace("}", "}}") for t in drawn}
+    found, section = [], ""
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    for line in lines:
+        if line.startswith("# -- "):
+            section = line[5:]
+        elif line.startswith("en = ") and not section.startswith(HAND_SECTIONS):
+            english = json.loads(line[5:])
+            if english not in wanted:
+                found.append(english)
+    return found
+
+
+def prune(kind: str, english: list[str]) -> int:
+    """Delete the entries of `english` (orphans) from the catalogue, the rest of the file as it was."""
+    path = language.CATALOGUE_DIR / FILES[kind]
+    lines, out, i, gone = path.read_text(encoding="utf-8").split("\n"), [], 0, set(english)
+    while i < len(lines):
+        if lines[i] == "[[text]]" and i + 1 < len(lines) and lines[i + 1].startswith("en = ") \
+                and json.loads(lines[i + 1][5:]) in gone:
+            i += 3
+            while out and i < len(lines) and not out[-1].strip() and not lines[i].strip():
+                i += 1  # the blank line the entry stood between
+            continue
+        out.append(lines[i])
+        i += 1
+    path.write_text("\n".join(out), encoding="utf-8")
+    return len(gone)
+
+
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else "status"
     keys = expected_keys()
@@ -314,12 +352,24 @@ def main(argv: list[str]) -> int:
             print(f"{FILES[kind]}: {scaffold(kind, keys[kind])} entries added")
         return 0
     bad = 0
+    language.set_language(language.ENGLISH)
+    try:
+        drawn = {t for texts in diagram_texts().values() for t in texts}
+    finally:
+        language.set_language(None)
+    if command == "prune":
+        for kind in FILES:
+            print(f"{FILES[kind]}: {prune(kind, orphans(kind, keys[kind], drawn if kind == 'figures' else set()))} "
+                  "orphans deleted")
+        return 0
     for kind in FILES:
         left = missing(kind, keys[kind])
         bad += len(left)
         print(f"{FILES[kind]}: {len(keys[kind])} keys, {len(left)} without Chinese")
         for key, where in left:
             print(f"  {where}: {key!r}")
+        for english in orphans(kind, keys[kind], drawn if kind == "figures" else set()):
+            print(f"  orphan (no chapter or diagram says this any more): {english!r}")
     return 1 if bad else 0
 
 
