@@ -978,6 +978,7 @@ print(f"{TOTAL_STEPS - SNAPSHOT} more steps in {time.perf_counter() - start:.1f}
 # %% tags=["nbval-ignore-output", "skip-when-grading"]
 print(f"loss: first step {history[0]:.3f}, step 100 {history[99]:.3f}, step {SNAPSHOT} {history[SNAPSHOT - 1]:.3f}, "
       f"last step {history[-1]:.3f};  floor H(q) = {floor:.3f}")
+print(f"highest loss of steps 91 to 100: {max(history[90:100]):.3f}")
 
 fig, ax = plt.subplots(figsize=(7, 3))
 ax.plot(range(1, len(history) + 1), history, linewidth=1, label="training loss")
@@ -995,14 +996,15 @@ print(f"examples seen: {len(history) * BATCH_SIZE:,} = {len(history) * BATCH_SIZ
 early, late = history[90:100], history[-50:]  # steps 91-100, and the last 50 steps
 claim(history[0] > math.log(V), f"the loss starts above log {V}, the loss of a uniform guess",
       measured=f"{history[0]:.3f}")
-claim(max(early) < 1.5, "by steps 91 to 100 it has fallen below 1.5", measured=f"{max(early):.3f}")
+claim_between(max(early), None, 1.5, "by steps 91 to 100 it has fallen below 1.5", measured=f"{max(early):.3f}")
 claim(all(floor < h < floor + 0.05 for h in late),
       "over the last 50 steps it stays within 0.05 above the floor H(q)",
       measured=f"{min(late):.3f} to {max(late):.3f}, floor {floor:.3f}")
 
 # %% [markdown]
 # The loss starts above $\log 63$ (section 2), falls fast during the first hundred steps, while the learning rate
-# warms up (below 1.5 by steps 91 to 100), and flattens just above the floor $H(q)$ of section 5.
+# warms up (below 1.5 by steps 91 to 100 on every CPU we tried; here their highest is about 1.2), and flattens just
+# above the floor $H(q)$ of section 5.
 #
 # ### The same loop on several processes
 #
