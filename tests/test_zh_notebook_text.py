@@ -102,13 +102,13 @@ def test_every_diagram_draws_in_chinese(chinese):
 def test_a_claim_speaks_chinese_and_an_unknown_one_is_caught(chinese, capsys, monkeypatch):
     monkeypatch.setattr(language, "templates", lambda file: language.Templates([
         {"en": "the {0}-head model reaches at least {1} on every task", "zh": "{0} 头模型在每个任务上至少达到 {1}"},
-        {"en": claims.FAILED, "zh": "本章说「{statement}」，但这次运行不支持它{detail}。"},
+        {"en": claims.FAILED, "zh": "本章说“{statement}”，但这次运行的结果不支持这一点。{detail}"},
         {"en": claims.MEASURED, "zh": "（测得：{measured}）"}]))
     language._translated.cache_clear()
     try:
         claims.claim(True, f"the {4}-head model reaches at least {0.99} on every task")
         claims.claim_between(0.83, 0.7, None, "the model reaches at least 0.7 on every task")
-        with pytest.raises(claims.ClaimFailed, match="本章说「4 头模型在每个任务上至少达到 0.99」，但这次运行不支持它（测得：0.5）"):
+        with pytest.raises(claims.ClaimFailed, match="本章说“4 头模型在每个任务上至少达到 0.99”，但这次运行的结果不支持这一点。（测得：0.5）"):
             claims.claim(False, "the 4-head model reaches at least 0.99 on every task", measured="0.5")
     finally:
         language._translated.cache_clear()
