@@ -92,6 +92,7 @@ FIGURE_ARGUMENT = {
     "set_ylabel": (0, "ylabel"), "xlabel": (0, "xlabel"), "ylabel": (0, "ylabel"), "supxlabel": (0, "t"),
     "supylabel": (0, "t"), "text": (2, "s"), "figtext": (2, "s"), "annotate": (0, "text"), "set_label": (0, "s"),
     "set_text": (0, "s"),
+    "draw_mask": (4, "title"),  # transformer_lib/diagrams/ch06.py: a chapter's own title for the diagram
 }
 TEXT_KEYWORDS = ("label", "title")  # plot(..., label="train"), legend(title=...)
 
