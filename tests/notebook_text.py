@@ -44,7 +44,8 @@ from transformer_lib import language  # noqa: E402
 # punctuation, a symbol, a line break or a Chinese character ends the run.
 KEPT = {"softmax", "token", "tokens", "Transformer", "Transformers", "logits", "logit", "argmax", "et", "al",
         "nanoGPT", "word2vec", "tanh", "sin", "cos", "exp", "log", "max", "min", "mean", "sum", "std", "ln",
-        "vs", "top", "Swin", "Adam", "AdamW", "Colab", "numpy", "torch", "sklearn", "matplotlib"}
+        "vs", "top", "Swin", "Adam", "AdamW", "Colab", "numpy", "torch", "sklearn", "matplotlib",
+        "bos", "eos", "pad", "unk"}  # the special tokens' names
 UNITS = {"ms", "us", "ns", "µs", "MB", "GB", "KB", "kB", "MiB", "GiB", "nats", "bit", "bits", "dB", "px", "it"}
 NOT_TEXT = re.compile(r"\$[^$]*\$|`[^`]*`|“[^”]*”|‘[^’]*’|「[^」]*」|『[^』]*』|(?<![A-Za-z])'[^'\n]*'(?![A-Za-z])"
                       r"|\"[^\"\n]*\"")
@@ -94,7 +95,7 @@ FIGURE_ARGUMENT = {
     "set_text": (0, "s"),
     "draw_mask": (4, "title"),  # transformer_lib/diagrams/ch06.py: a chapter's own title for the diagram
 }
-TEXT_KEYWORDS = ("label", "title")  # plot(..., label="train"), legend(title=...)
+TEXT_KEYWORDS = ("label", "title", "xlabel", "ylabel", "labels")  # plot(label=...), ax.set(xlabel=...), legend(title=...)
 
 
 def template(node: ast.AST) -> list[str]:
@@ -119,6 +120,8 @@ def template(node: ast.AST) -> list[str]:
             return [_renumber(left[0] + right[0])]
     if isinstance(node, (ast.List, ast.Tuple)):
         return [key for element in node.elts for key in template(element)]
+    if isinstance(node, (ast.ListComp, ast.GeneratorExp)):  # [f"target {t}" for t in ...]
+        return template(node.elt)
     return []
 
 
@@ -155,8 +158,10 @@ def code_keys(source: str) -> dict[str, list[str]]:
             expressions.append(_argument(node, *FIGURE_ARGUMENT[name]))
         if name == "legend" and node.args and isinstance(node.args[-1], (ast.List, ast.Tuple)):
             expressions.append(node.args[-1])
-        if name in ("set_xticklabels", "set_yticklabels") and node.args and isinstance(node.args[0], (ast.List, ast.Tuple)):
+        if name in ("set_xticklabels", "set_yticklabels") and node.args:
             expressions.append(node.args[0])
+        if name in ("set_xticks", "set_yticks", "xticks", "yticks") and len(node.args) > 1:
+            expressions.append(node.args[1])
         expressions += [kw.value for kw in node.keywords if kw.arg in TEXT_KEYWORDS]
         for expression in expressions:
             if expression is not None:
