@@ -125,7 +125,7 @@ def say(english: str, language: str, **fields) -> str:
 #     en = "the {0}-head model reaches at least {1}"
 #     zh = "{0} 头模型至少达到 {1}"
 #
-# A placeholder matches any text, so what it stood for (a number, a word, a quoted sentence) carries over
+# A placeholder matches any text (even none: an English plural's "s"), so what it stood for (a number, a word, a quoted sentence) carries over
 # unchanged; a placeholder's text that has an entry of its own (a name from a list, say) is translated too.
 
 _FIELD = re.compile(r"\{\{|\}\}|\{(\d+)\}")
@@ -138,6 +138,7 @@ class Templates:
     def __init__(self, entries: list[dict]):
         self.exact: dict[str, str] = {}
         self.patterns: list[tuple[re.Pattern, list[int], str]] = []
+        literal: dict[str, int] = {}
         for entry in entries:
             english, chinese = entry["en"], entry["zh"]
             if not chinese.strip():
@@ -145,10 +146,11 @@ class Templates:
             pattern, order = template_pattern(english)
             if not order:
                 self.exact[english.replace("{{", "{").replace("}}", "}")] = chinese.replace("{{", "{").replace("}}", "}")
-            elif pattern.pattern.replace("(.+?)", "").replace("\\", ""):  # a bare "{0}" would match anything
+            elif _FIELD.sub("", english).strip():  # a bare "{0}" would match anything
                 self.patterns.append((pattern, order, chinese))
+                literal[pattern.pattern] = len(_FIELD.sub("", english))
         # The most specific template first: the one with the most literal text.
-        self.patterns.sort(key=lambda p: -len(_FIELD.sub("", p[0].pattern)))
+        self.patterns.sort(key=lambda p: -literal[p[0].pattern])
 
     def translate(self, text: str, depth: int = 0) -> str | None:
         found = self.exact.get(text)
@@ -177,7 +179,7 @@ def template_pattern(english: str) -> tuple[re.Pattern, list[int]]:
             parts.append(re.escape(field.group(0)[0]))
         else:
             order.append(int(field.group(1)))
-            parts.append("(.+?)")
+            parts.append("(.*?)")
         position = field.end()
     parts.append(re.escape(english[position:]))
     return re.compile("".join(parts), re.DOTALL), order
