@@ -293,15 +293,6 @@ def test_run_all_on_a_fresh_release_goes_through(lab, browser, chapter):
         _shut_down_kernels(lab["url"])
 
 
-def test_a_chinese_chapter_runs_and_its_checks_speak_chinese(lab, browser):
-    """The Chinese edition of chapter 02, opened in the same lab: its kernel finds the notebook's language
-    (metadata.course.language, by the path JupyterLab gives it), so every message is Chinese."""
-    try:
-        _run_all_and_fill_one_exercise(lab, browser, "02_self_attention", CHINESE)
-    finally:
-        _shut_down_kernels(lab["url"])
-
-
 def _run_all_and_fill_one_exercise(lab, browser, chapter, language=ENGLISH):
     folder = f"{CHINESE}/{chapter}" if language == CHINESE else chapter
     release = nbformat.read(ROOT / "chapters" / folder / f"{chapter}.ipynb", as_version=4)
