@@ -310,18 +310,30 @@ class Unit:
         return bool(english_runs(self.text))
 
 
-def _docstring_starts(source: str) -> set[tuple[int, int]]:
-    """(row, column) of every docstring: the first statement of the module or of a function or class body."""
+def _docstring_spans(source: str) -> dict[int, tuple[int, int]]:
+    """Every docstring (the first statement of the module or of a function or class body): its first
+    row -> (start, end) character offsets in `source` of the string literal, quotes included.
+
+    The offsets come from `ast` (UTF-8 byte columns, converted here), not from `tokenize`: on Python 3.12
+    tokenize's end column of a string holding non-ASCII text is not a character offset."""
     tree = safe_ast.parse(source)
     lines = source.splitlines(keepends=True)
-    found = set()
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line))
+
+    def char_offset(row: int, byte_col: int) -> int:
+        return offsets[row - 1] + len(lines[row - 1].encode("utf-8")[:byte_col].decode("utf-8"))
+
+    found = {}
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
             first = node.body[0]
             if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
                     and isinstance(first.value.value, str)):
-                line = lines[first.value.lineno - 1].encode("utf-8")
-                found.add((first.value.lineno, len(line[:first.value.col_offset].decode("utf-8"))))
+                value = first.value
+                found[value.lineno] = (char_offset(value.lineno, value.col_offset),
+                                       char_offset(value.end_lineno, value.end_col_offset))
     return found
 
 
@@ -329,7 +341,7 @@ def code_units(source: str) -> list[Unit]:
     """The comments (in blocks) and docstrings of a code cell, in order; none when it is not Python."""
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-        docstrings = _docstring_starts(source)
+        docstrings = _docstring_spans(source)
     except (tokenize.TokenError, SyntaxError, ValueError):
         return []
     lines = source.splitlines(keepends=True)
@@ -340,8 +352,12 @@ def code_units(source: str) -> list[Unit]:
     def offset(row: int, col: int) -> int:
         return offsets[row - 1] + col
 
+    def comment_start(tok) -> int:
+        # a comment runs to the end of its line: its column, counted in characters on every Python
+        return len(lines[tok.start[0] - 1].rstrip("\r\n")) - len(tok.string)
+
     def before(tok) -> str:
-        return lines[tok.start[0] - 1][:tok.start[1]]
+        return lines[tok.start[0] - 1][:comment_start(tok) if tok.type == tokenize.COMMENT else tok.start[1]]
 
     units: list[Unit] = []
     block: list = []  # the comment tokens of the block being gathered
@@ -351,8 +367,10 @@ def code_units(source: str) -> list[Unit]:
             first, last = block[0], block[-1]
             prefix = re.match(r"#+ ?", first.string).group(0)
             texts = [t.string[len(re.match(r"#+ ?", t.string).group(0)):].rstrip() for t in block]
-            indent = before(first) if not before(first).strip() else " " * first.start[1]
-            units.append(Unit("comment", "\n".join(texts), offset(*first.start), offset(*last.end), indent, prefix))
+            indent = before(first) if not before(first).strip() else " " * comment_start(first)
+            start = offset(first.start[0], comment_start(first))
+            end = offset(last.start[0], comment_start(last) + len(last.string))
+            units.append(Unit("comment", "\n".join(texts), start, end, indent, prefix))
             block.clear()
 
     for tok in tokens:
@@ -362,16 +380,19 @@ def code_units(source: str) -> list[Unit]:
                 continue
             if block:
                 prev = block[-1]
-                if not (tok.start[0] == prev.start[0] + 1 and tok.start[1] == prev.start[1] and not before(tok).strip()):
+                if not (tok.start[0] == prev.start[0] + 1 and comment_start(tok) == comment_start(prev)
+                        and not before(tok).strip()):
                     close_block()
             block.append(tok)
         elif tok.type in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
             continue
         else:
             close_block()
-            if tok.type == tokenize.STRING and tok.start in docstrings:
-                head, quote = _QUOTES.match(tok.string).groups()
-                start, end = offset(*tok.start) + len(head) + len(quote), offset(*tok.end) - len(quote)
+            if tok.type == tokenize.STRING and tok.start[0] in docstrings \
+                    and docstrings[tok.start[0]][0] == offset(*tok.start):
+                literal_start, literal_end = docstrings.pop(tok.start[0])
+                head, quote = _QUOTES.match(source[literal_start:literal_end]).groups()
+                start, end = literal_start + len(head) + len(quote), literal_end - len(quote)
                 indent = before(tok) if not before(tok).strip() else " " * tok.start[1]
                 units.append(Unit("docstring", source[start:end], start, end, indent, quote))
     close_block()
