@@ -202,11 +202,12 @@ print(Block(small))
 # and adds its result to x itself, so the residual stream is never normalised inside the block: that is what
 # "pre-norm" means. The cache changes one thing only, the mask: the new positions are the last rows of a larger
 # causal mask.</details>
-# <details><summary>Hint 2 — the plan</summary>First read past from the cache (0 without one): the attention
-# will append to the cache, so read it before. The mask: the causal mask of size past + seq, its last seq rows,
-# <code>[seq, past + seq]</code>. Normalise x with ln_1 and use the result as query, key and value of the
-# attention, with the mask and the cache; drop out what comes back and add it to x. Then normalise the new x with
-# ln_2, run the MLP, drop out, add.</details>
+# <details><summary>Hint 2 — the plan</summary>Before anything changes the cache, note how many positions it
+# already holds (none without a cache): the new tokens sit after them, and their mask is the part of a causal mask
+# over all the positions that belongs to the new rows, <code>[seq, past + seq]</code>. Then two residual steps
+# of the same shape, <code>[batch, seq, d_model]</code> in and out: each reads its own normalised copy of the
+# stream, passes it through its sub-layer (the attention, given the mask and the cache, reads the copy as its
+# queries, keys and values), drops out the result and adds it back to the stream.</details>
 # <details><summary>Hint 3 — the key step</summary>A smaller example: 1 cached position and 2 new ones. The causal
 # mask of size 3 has the rows <code>T . .</code>, <code>T T .</code>, <code>T T T</code>. Which of them belong to
 # the new positions, and how many columns does each have? And why must <code>past</code> be read before the
@@ -269,10 +270,12 @@ for name, child in GPT(small).named_children():
 # <details><summary>Hint 1 — the idea</summary>A pipeline with one piece of state. Embed, run the stack,
 # normalise, read out with the token table. The cache only says where the new tokens sit and where each block
 # keeps its keys and values.</details>
-# <details><summary>Hint 2 — the plan</summary>past: the number of positions the first block's cache holds, 0
-# without a cache. Token vectors <code>[batch, seq, d_model]</code>, with the position vectors of positions past
-# onwards added (model.positions does that, given the offset). Each block in turn, block i with cache entry i (or
-# none). Then model.ln_f and model.lm_head: <code>[batch, seq, vocab]</code>.</details>
+# <details><summary>Hint 2 — the plan</summary>Four stages, with one number found first: how many positions the
+# cache already holds (none without a cache), since the new tokens' positions count on from there. Ids become
+# vectors, <code>[batch, seq, d_model]</code>, each carrying its position from that offset on; the blocks run in
+# turn, each with its own entry of the cache; the stream is normalised a last time and read out against the
+# vocabulary, <code>[batch, seq, vocab]</code>. The model object holds a module for each stage: look at its
+# attributes.</details>
 # <details><summary>Hint 3 — the key step</summary>The question that unlocks the offset: every block's cache entry
 # holds the same number of positions, so which entry can you ask, and what is the offset when there is no cache at
 # all? The page to read is Python's conditional expressions (<code>x if condition else y</code>).</details>
@@ -496,9 +499,9 @@ print("most frequent characters:", [(chars.decode([i]), round(p, 3)) for i, p in
 # total, take the log.</details>
 # <details><summary>Hint 2 — the plan</summary>The pairs: the stream without its last id (the previous tokens)
 # beside the stream without its first id (the next ones), both <code>[N - 1]</code>. A loop over the pairs works.
-# Faster: one number per pair, previous · V + next, counted by torch.bincount with a minlength of V·V and viewed as
-# <code>[V, V]</code>. The row totals, <code>[V, 1]</code>, broadcast over the columns; compute in float64 and
-# return float32.</details>
+# Faster: give each pair a single index into a flattened table of V·V cells, count how often each index occurs
+# (every cell, even those no pair reaches), and fold the counts back into <code>[V, V]</code>. The row totals,
+# <code>[V, 1]</code>, broadcast over the columns; compute in float64 and return float32.</details>
 # <details><summary>Hint 3 — the key step</summary>A smaller example: the counts <code>[[1, 3], [0, 0]]</code> with
 # <code>alpha = 1</code> become <code>[[2, 4], [1, 1]]</code>; the row totals 6 and 2 turn them into the
 # probabilities <code>[[1/3, 2/3], [1/2, 1/2]]</code>. Which dimension do you sum over, and what shape must the
@@ -1140,10 +1143,11 @@ claim(min(nucleus_size["The value of the "], nucleus_size["\n"]) >= 10,
 # <details><summary>Hint 1 — the idea</summary>Your greedy loop with one change: the argmax becomes a draw. The
 # draw wants probabilities; the two filters want logits. Moving between the two is a log one way and a softmax the
 # other.</details>
-# <details><summary>Hint 2 — the plan</summary>Each step: the last position's logits, <code>[batch, vocab]</code>;
-# probabilities at the temperature, and their log, <code>[batch, vocab]</code>; the top-k filter; the top-p filter
-# when top_p is given; a softmax over the vocabulary; one multinomial sample per row with the generator,
-# <code>[batch, 1]</code>, appended to the output and fed to the model next.</details>
+# <details><summary>Hint 2 — the plan</summary>Keep the loop of your greedy decoder and change what happens to
+# the scores of the last position, <code>[batch, vocab]</code>: the temperature acts first; the two filters, top-k and
+# top-p (only when it is given), work on scores in log space and only cut, never rescale; and the draw needs
+# weights again. One token per sentence comes out, <code>[batch, 1]</code>, drawn with the generator you were given,
+# never the global one; it joins the output and is the model's next input.</details>
 # <details><summary>Hint 3 — the key step</summary>The page to read is <code>torch.multinomial</code>: what its
 # input rows must hold (non-negative weights, one row per sentence), what shape it returns for one draw per row, and
 # its <code>generator</code> argument. Then the question: is what your filters return ready for it, or must it go
