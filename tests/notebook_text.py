@@ -409,17 +409,22 @@ PRINTED = ("using your `{name}`", "your `{name}` does not pass its check yet: us
 
 def nbval_sanitizer(path: Path) -> Path:
     """An nbval sanitize file for running an English solution notebook in Chinese: each line the checks
-    print (a tick, cross or dot line, 'using your ...', the summary) becomes one placeholder in both
-    languages, so nbval still compares every other output digit for digit. The Chinese of each line comes
-    from checks/zh/core.toml."""
+    print (a tick, cross or dot line, 'using your ...', the summary) becomes a placeholder, the same in both
+    languages and different for each kind of line (a cross never matches a tick; the function's name and the
+    counts stay in it), so nbval still compares every other output digit for digit. The Chinese of each
+    line comes from checks/zh/core.toml."""
     sections = []
+    # One placeholder per mark, so a tick in the stored output still differs from a cross in this run.
     for i, mark in enumerate(("\u2713", "\u2717", "\u00b7")):
-        sections += [f"[mark {i}]", f"regex: (?m)^( *){mark} .*$", r"replace: \1<a check line>", ""]
+        sections += [f"[mark {i}]", f"regex: (?m)^( *){mark} .*$", rf"replace: \1<a check line marked {mark}>", ""]
     core = {e["en"]: e["zh"] for e in language.read_catalogue(language.CATALOGUE_DIR / "core.toml")}
     for i, english in enumerate(PRINTED):
         for side, text in (("en", english), ("zh", core.get(english, english))):
-            pattern = ".*?".join(re.escape(part) for part in re.split(r"\{[a-z_]+\}", text))
-            sections += [f"[printed {i} {side}]", f"regex: (?m)^{pattern}$", "replace: <a check line>", ""]
+            parts, fields = re.split(r"\{[a-z_]+\}", text), re.findall(r"\{([a-z_]+)\}", text)
+            pattern = "".join(re.escape(part) + (f"(?P<{fields[k]}>.*?)" if k < len(fields) else "")
+                              for k, part in enumerate(parts))
+            kept = " ".join(rf"\g<{name}>" for name in sorted(fields))  # the name, the counts: still compared
+            sections += [f"[printed {i} {side}]", f"regex: (?m)^{pattern}$", f"replace: <printed line {i}: {kept}>", ""]
     path.write_text("\n".join(sections), encoding="utf-8")
     return path
 

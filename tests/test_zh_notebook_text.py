@@ -165,3 +165,25 @@ def test_an_english_notebook_is_left_alone(monkeypatch):
     finally:
         language.set_language(None)
         plt.close("all")
+
+
+def test_the_chinese_nbval_pass_still_tells_a_cross_from_a_tick(tmp_path):
+    """The default-kernel pass runs the Chinese edition against the English outputs through
+    notebook_text.nbval_sanitizer: a check line becomes a placeholder in both languages, but a failing
+    check (✗) must not match a stored passing one (✓), and the counts of the summary still count."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(notebook_text.nbval_sanitizer(tmp_path / "sanitize.cfg"), encoding="utf-8")
+
+    def sanitized(text: str) -> str:
+        for section in config.sections():
+            text = re.sub(config[section]["regex"], config[section]["replace"], text)
+        return text
+
+    zh = {e["en"]: e["zh"] for e in language.read_catalogue(language.CATALOGUE_DIR / "core.toml")}
+    summary = "Exercises passing: {passed} of {total}"
+    assert sanitized("✓ softmax passes its check") == sanitized("✓ softmax 通过了检查")
+    assert sanitized("✓ softmax passes its check") != sanitized("✗ softmax 没有通过检查")
+    assert sanitized(summary.format(passed=3, total=5)) == sanitized(zh[summary].format(passed=3, total=5))
+    assert sanitized(summary.format(passed=3, total=5)) != sanitized(zh[summary].format(passed=2, total=5))
