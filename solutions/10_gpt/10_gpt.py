@@ -1055,11 +1055,12 @@ plt.show()
 #
 # <details><summary>Hint 1 — the idea</summary>Decide in sorted order, apply in vocabulary order. In sorted order
 # the nucleus is a prefix, and "the mass before a token" is a cumulative sum minus the token itself.</details>
-# <details><summary>Hint 2 — the plan</summary>Sort the logits in descending order and keep the indices of the
-# sort, <code>[..., vocab]</code>. The softmax of the sorted logits, its cumulative sum along the vocabulary, minus
-# each token's own probability: the mass before each token. Dropped: the tokens whose mass before is already at
-# least p, a boolean <code>[..., vocab]</code> in sorted order. Send that back to vocabulary order with the sort's
-# indices (a scatter), and fill the dropped logits with minus infinity.</details>
+# <details><summary>Hint 2 — the plan</summary>Work in the order of probability, not of the vocabulary: line each
+# row up from the most to the least likely token, remembering where each one came from, <code>[..., vocab]</code>.
+# For each token in that line, find the probability mass strictly in front of it; the token is dropped when that
+# mass has already reached p (so the most likely token always stays). Carry the keep-or-drop decision back to the
+# vocabulary's order, <code>[..., vocab]</code>, and give every dropped token a score that no sampling can
+# pick.</details>
 # <details><summary>Hint 3 — the key step</summary>A smaller example on other tensors: <code>[10, 20, 30]</code>
 # sorted in descending order is <code>[30, 20, 10]</code>, with the sort's indices <code>[2, 1, 0]</code>. A flag
 # computed in sorted order, <code>[True, False, False]</code>, belongs at vocabulary position 2 for its first entry.
