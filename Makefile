@@ -35,7 +35,7 @@ FORCE    ?=
 test test-fast test-python notebooks grade: export OMP_NUM_THREADS = 1
 
 
-.PHONY: help venv venv-grade venv-hub venv-test browser sandbox lab formgrader test test-fast test-python notebooks release grade check clean-grading hub hub-release collect hub-feedback hub-remove-accounts
+.PHONY: help venv venv-grade venv-hub venv-test browser sandbox lab formgrader test test-fast test-python notebooks release grade check clean-grading hub hub-release collect hub-feedback hub-remove-accounts hub-reset-password
 
 help:
 	@echo "make lab        the learner's JupyterLab on chapters/ (sets up .venv first)"
@@ -159,9 +159,10 @@ ROSTER   ?=
 HUB_PORT ?= 8000
 SPAWNER  ?= local
 AUTH     ?= firstuse
+ANSWERS  ?= visible
 hub: venv-hub sandbox
 	@test -n "$(ROSTER)" || { echo "make hub needs ROSTER=path/to/roster.csv (columns login,name,role,language; see deploy/hub/roster.example.csv)"; exit 1; }
-	$(PY) deploy/hub/classhub.py serve --roster $(ROSTER) --port $(HUB_PORT) --spawner $(SPAWNER) --auth $(AUTH)
+	$(PY) deploy/hub/classhub.py serve --roster $(ROSTER) --port $(HUB_PORT) --spawner $(SPAWNER) --auth $(AUTH) --answers $(ANSWERS)
 
 hub-release: venv-hub
 	$(PY) deploy/hub/classhub.py release $(CHAPTERS)
@@ -175,5 +176,10 @@ hub-feedback: venv-hub
 hub-remove-accounts:
 	$(PY) deploy/hub/classhub.py remove-accounts
 
+# sudo make hub-reset-password LOGIN=wang: a new first password for one person (forgotten, or mistyped)
+hub-reset-password:
+	@test -n "$(LOGIN)" || { echo "make hub-reset-password needs LOGIN=<the roster login>"; exit 1; }
+	$(PY) deploy/hub/classhub.py reset-password $(LOGIN)
+
 clean-grading:
-	rm -rf autograder/autograded autograder/feedback autograder/gradebook.db autograder/grades.csv autograder/report.csv autograder/.release autograder/.sandbox autograder/graded.json autograder/class_report.html autograder/mistakes.csv
+	rm -rf autograder/autograded autograder/feedback autograder/gradebook.db autograder/grades.csv autograder/report.csv autograder/.release autograder/.sandbox autograder/graded.json autograder/class_report.html autograder/mistakes.csv autograder/received.json autograder/.exchange-staging

@@ -55,9 +55,11 @@ class Hub:
         self.course = base / "course"
         self.state = base / "state"
         self.exchange = base / "exchange"
+        self.servers = base / "servers"
         self.port, self.hub_port, self.api_port = free_port(), free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = dict(os.environ, HUB_STATE=str(self.state), COURSE_EXCHANGE=str(self.exchange),
+                        HUB_SERVERS=str(self.servers),
                         HUB_INSTRUCTOR_GROUP=self.group, OMP_NUM_THREADS="1", PYTHONHASHSEED="0",
                         PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
         self.process = None
@@ -81,11 +83,18 @@ class Hub:
         home = pwd.getpwnam(login).pw_dir
         klass = json.loads((self.state / "class.json").read_text())
         language = next(p["language"] for p in klass["people"] if p["login"] == login)
-        config = os.pathsep.join([str(self.state / "config" / f"student-{language}"),
-                                  str(Path(klass["venv"]) / "etc" / "jupyter")])
+        config = os.pathsep.join([str(Path(klass["configs"]) / f"student-{language}"),
+                                  str(Path(klass["servers_prefix"]) / "etc" / "jupyter")])
         return subprocess.run(["runuser", "-u", login, "--", "env", f"HOME={home}", f"JUPYTER_CONFIG_PATH={config}",
                                f"PATH={Path(klass['python']).parent}:/usr/bin:/bin", *command],
                               cwd=home, capture_output=True, text=True, timeout=timeout)
+
+    def password(self, login: str) -> str:
+        """The first password `make hub` gave `login` (what the instructor hands out)."""
+        import csv
+
+        with open(self.state / "secrets" / "first-passwords.csv", newline="") as f:
+            return next(row["first password"] for row in csv.DictReader(f) if row["login"] == login)
 
     def nbgrader(self, login: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         python = json.loads((self.state / "class.json").read_text())["python"]
@@ -98,7 +107,7 @@ def _copy_course(target: Path) -> None:
                                   "gradebook.db", ".sandbox", ".release", "state", "*.egg-info", "grades.csv",
                                   "report.csv", "graded.json")
     target.mkdir(parents=True)
-    for name in ["autograder", "chapters", "solutions", "deploy", ".lab", ".lab-zh"]:
+    for name in ["autograder", "chapters", "solutions", "deploy", "transformer_lib", ".lab", ".lab-zh"]:
         shutil.copytree(ROOT / name, target / name, ignore=skip)
     # Every user's server reads the start page and the role configurations through these folders.
     for path in [target.parent, target]:

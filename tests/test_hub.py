@@ -53,10 +53,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(_why_not() is not None, reaso
 
 @pytest.fixture(scope="module")
 def hub():
-    instructor, alice, wang = suffixed("ti", "ta", "tz")
+    instructor, alice, wang, absent = suffixed("ti", "ta", "tz", "tj")
     hub = start_class([(instructor, "Test Instructor", "instructor", "en"), (alice, "Alice Martin", "student", "en"),
-                       (wang, "王小明", "student", "zh")])
-    hub.instructor, hub.alice, hub.wang = instructor, alice, wang
+                       (wang, "王小明", "student", "zh"), (absent, "Never Logged In", "instructor", "en")])
+    hub.instructor, hub.alice, hub.wang, hub.absent = instructor, alice, wang, absent
     try:
         hub.classhub("release", CHAPTER)
         yield hub
@@ -78,13 +78,13 @@ def browser():
         chromium.close()
 
 
-def log_in(browser, hub: Hub, login: str):
-    """Through the hub's login page; the first login sets the password (FirstUseAuthenticator)."""
+def log_in(browser, hub: Hub, login: str, password: str | None = None):
+    """Through the hub's login page, with the first password `make hub` gave (or `password`)."""
     page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
     page.set_default_timeout(60_000)
     page.goto(f"{hub.url}/hub/login")
     page.fill("input[name=username]", login)
-    page.fill("input[name=password]", PASSWORD)
+    page.fill("input[name=password]", password or hub.password(login))
     page.click("input[type=submit], button[type=submit]")
     page.wait_for_url(f"**/user/{login}/**", timeout=120_000)
     return page
@@ -350,3 +350,139 @@ def test_bad_input_gets_one_line_and_changes_nothing(hub, tmp_path):
     assert "is another chapter's notebook" in proc.stdout, proc.stdout + proc.stderr
     assert not (hub.course / "autograder" / "submitted" / hub.alice / CHAPTER / f"{CHAPTER}.ipynb").exists() or \
         "project_qkv" in (hub.course / "autograder" / "submitted" / hub.alice / CHAPTER / f"{CHAPTER}.ipynb").read_text()
+
+
+# -- a hostile student against the exchange, collect and logins ------------------------------------------
+
+
+def _entry(hub: Hub, login: str, name: str, course: str = "transformer-course") -> Path:
+    """A fresh inbound entry written by `login` as nbgrader's submit writes one (their own folder)."""
+    entry = hub.exchange / course / "inbound" / name
+    proc = hub.as_user(login, "mkdir", str(entry))
+    assert proc.returncode == 0, proc.stderr
+    return entry
+
+
+def _stamp(suffix: str) -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f UTC") + suffix
+
+
+def test_a_student_can_neither_take_nor_move_a_course_in_the_exchange(submitted):
+    hub = submitted
+    zh = hub.exchange / "transformer-course-zh"
+    # The root and every course folder are root's, made before anyone logged in.
+    assert (hub.exchange.stat().st_uid, oct(hub.exchange.stat().st_mode & 0o7777)) == (0, "0o755")
+    assert oct((zh / "inbound").stat().st_mode & 0o7777) == "0o3733"
+    for command in (["mkdir", str(hub.exchange / "transformer-course-fr")],  # squat a course not yet there
+                    ["mv", str(zh), str(hub.exchange / "moved")],  # rename a course away
+                    ["rm", "-rf", str(zh / "outbound")],
+                    ["touch", str(hub.exchange / "planted")]):
+        proc = hub.as_user(hub.alice, *command)
+        assert proc.returncode != 0 and "Permission denied" in proc.stderr, (command, proc.stderr)
+    # inbound/ is sticky: even knowing its name, a student cannot move or delete another's entry.
+    wang_entry = next((hub.exchange / "transformer-course-zh" / "inbound").glob(f"{hub.wang}+*"))
+    for command in (["mv", str(wang_entry), str(wang_entry) + "x"], ["rm", "-rf", str(wang_entry)]):
+        proc = hub.as_user(hub.alice, *command)
+        assert proc.returncode != 0, command
+    assert wang_entry.exists()
+    # An exchange someone changed is refused, naming the path, before nbgrader touches it.
+    os.chown(zh, pwd.getpwnam(hub.alice).pw_uid, -1)  # as if a student had made it under the old 0777 root
+    try:
+        proc = hub.classhub("release", CHAPTER, check=False)
+        assert proc.returncode == 1 and f"the exchange folder {zh} belongs to {hub.alice}, not root" in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    finally:
+        os.chown(zh, 0, -1)
+    os.chmod(hub.exchange, 0o777)
+    try:
+        proc = hub.classhub("collect", CHAPTER, check=False)
+        assert proc.returncode == 1 and f"{hub.exchange} has mode 0777, not 0755" in proc.stderr, proc.stderr
+    finally:
+        os.chmod(hub.exchange, 0o755)
+
+
+def test_collect_takes_only_a_students_own_plain_files(submitted):
+    hub = submitted
+    inbound = hub.exchange / "transformer-course" / "inbound"
+    alice_home, wang_home = (Path(pwd.getpwnam(login).pw_dir) for login in (hub.alice, hub.wang))
+    wang_notebook = wang_home / CHAPTER / f"{CHAPTER}.ipynb"
+    hub.classhub("collect", CHAPTER)  # the honest submissions first
+    wang_collected = hub.course / "autograder" / "submitted" / hub.wang / CHAPTER / f"{CHAPTER}.ipynb"
+    wang_before = wang_collected.read_bytes()
+    own = (alice_home / CHAPTER / f"{CHAPTER}.ipynb").read_text()
+    name = lambda tag: f"{hub.alice}+{CHAPTER}+{_stamp('')}+{tag}"  # noqa: E731
+    attacks = {}
+    # 1. her notebook is a link to the other student's (root would follow it)
+    entry = _entry(hub, hub.alice, name("link"))
+    hub.as_user(hub.alice, "ln", "-s", str(wang_notebook), str(entry / f"{CHAPTER}.ipynb"))
+    attacks[entry.name] = "it holds a symbolic link"
+    # 2. an entry in the other student's name, dated 2099, that is a link to their working folder
+    forged = inbound / f"{hub.wang}+{CHAPTER}+2099-01-01 00:00:00.000000 UTC+link"
+    hub.as_user(hub.alice, "ln", "-s", str(wang_home / CHAPTER), str(forged))
+    attacks[forged.name] = "it is a symbolic link"
+    # 3. a named pipe beside a real notebook (it stopped the whole collect)
+    entry = _entry(hub, hub.alice, name("fifo"))
+    hub.as_user(hub.alice, "cp", str(alice_home / CHAPTER / f"{CHAPTER}.ipynb"), str(entry))
+    hub.as_user(hub.alice, "mkfifo", str(entry / "notes.txt"))
+    attacks[entry.name] = "it holds a named pipe (notes.txt)"
+    # 4. a hard link to another's file (root makes it: fs.protected_hardlinks stops students here)
+    entry = _entry(hub, hub.alice, name("hardlink"))
+    os.link(wang_notebook, entry / f"{CHAPTER}.ipynb")
+    attacks[entry.name] = f"it holds {CHAPTER}.ipynb, which belongs to {hub.wang}"
+    # 5. too big, and 6. too many files
+    entry = _entry(hub, hub.alice, name("big"))
+    hub.as_user(hub.alice, "dd", "if=/dev/zero", f"of={entry / 'weights.bin'}", "bs=1M", "count=21", "status=none")
+    attacks[entry.name] = "it holds more than 20 MB"
+    entry = _entry(hub, hub.alice, name("many"))
+    hub.as_user(hub.alice, "sh", "-c", f"cd '{entry}' && for i in $(seq 60); do : > f$i.txt; done")
+    attacks[entry.name] = "it holds more than 50 files"
+    # 7. her own real resubmission, its timestamp.txt forged to look early (collected, at the server's time)
+    entry = _entry(hub, hub.alice, name("honest"))
+    hub.as_user(hub.alice, "cp", str(alice_home / CHAPTER / f"{CHAPTER}.ipynb"), str(entry))
+    hub.as_user(hub.alice, "sh", "-c", f"printf '2020-01-01 00:00:00.000000 UTC' > '{entry}/timestamp.txt'")
+
+    proc = hub.classhub("collect", CHAPTER)
+    out = proc.stdout
+    for entry_name, why in attacks.items():
+        assert re.search(rf"set aside transformer-course/inbound/{re.escape(entry_name)}: {re.escape(why)}", out), (why, out)
+        assert not os.path.lexists(inbound / entry_name)
+    assert f"Updating submission: {hub.alice} {CHAPTER}" in out, out
+    assert re.search(rf"{hub.alice} / {CHAPTER}: timestamp.txt claims '2020-01-01 .*it counts at the exchange's time", out), out
+    assert f"set aside {len(attacks)}" in out, out
+    # What was graded is hers, stamped with the server's time; the other student's is untouched.
+    collected = hub.course / "autograder" / "submitted" / hub.alice / CHAPTER
+    assert (collected / f"{CHAPTER}.ipynb").read_text() == own
+    assert not (collected / f"{CHAPTER}.ipynb").is_symlink()
+    assert (collected / "timestamp.txt").read_text().startswith(_stamp("")[:4])
+    received = json.loads((hub.course / "autograder" / "received.json").read_text())["submissions"][hub.alice][CHAPTER]
+    assert received["claimed"].startswith("2020-01-01") and received["received"][:4] == _stamp("")[:4]
+    assert wang_collected.read_bytes() == wang_before
+
+
+def test_nobody_becomes_someone_else(hub, browser, tmp_path):
+    # A student who knows the login of an instructor who has not logged in yet cannot set their password.
+    page = browser.new_context().new_page()
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("input[name=username]", hub.absent)
+    page.fill("input[name=password]", "chosen-by-a-student")
+    page.click("input[type=submit], button[type=submit]")
+    page.wait_for_selector("text=Invalid username or password")
+    page.context.close()
+    # A forgotten password: the instructor gives a new first password; the old one stops working.
+    old = hub.password(hub.wang)
+    out = hub.classhub("reset-password", hub.wang).stdout
+    assert hub.password(hub.wang) != old and hub.password(hub.wang) in out
+    log_in(browser, hub, hub.wang).context.close()
+    # A roster login that is an account the course did not create is refused, before anything is made.
+    (staff,) = suffixed("ts")
+    subprocess.run(["useradd", "--no-create-home", staff], check=True)
+    try:
+        roster = tmp_path / "roster.csv"
+        roster.write_text(f"login,name,role,language\n{hub.instructor},I,instructor,en\n{staff},Staff,student,en\n")
+        proc = hub.classhub("serve", "--roster", str(roster), check=False)
+        assert proc.returncode == 1 and f"{staff} is already an account on this server" in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    finally:
+        subprocess.run(["userdel", staff], check=True)

@@ -8,16 +8,24 @@
 
 What it guarantees:
 
-* Each person on the roster has a Unix account of their own (created if missing, home 0700), and
-  their server runs as that account: a student cannot read another's files.
-* The exchange has nbgrader's own layout and permissions: students write into `inbound/` but cannot
-  list it, and each submission's folder carries an unguessable suffix; feedback pages are named by
-  a hash of a secret that only the submitting student's copy holds.
+* Each person on the roster has a Unix account of their own, created by the course (home 0700; a
+  login that is already someone's account on this server is refused), and their server runs as that
+  account, from a Python every account can read (servers.py): a student cannot read another's files.
+* Nobody chooses another's password: `make hub` gives each person a first password (passwords.py),
+  in a file only root reads, for the instructor to hand out.
+* The exchange's root and course folders are root's, made before anyone logs in (exchange.py):
+  students write into `inbound/` but cannot list it, rename or remove another's entry, or create,
+  rename or remove a course; each submission's folder carries an unguessable suffix; feedback pages
+  are named by a hash of a secret that only the submitting student's copy holds.
 * The course's own folders that hold answers or others' work (`solutions/`, `autograder/`, `tests/`,
-  `.git`) are closed to students (group `course-instructors`, no access for others).
-* `collect` takes a submission only when the Unix owner of its folder is the student it names (a
-  student cannot submit in another's name) and it holds the chapter's own notebook; anything else
-  is set aside (outside `inbound/`, for the instructor to read) with one line saying why.
+  `.git`, and `transformer_lib/` when the answers are hidden) are closed to students (group
+  `course-instructors`, no access for others).
+* `collect` reads each submission without following links and copies it before nbgrader does; it
+  takes one only when the Unix owner of it and of all it holds is the student it names, it holds no
+  link or special file, stays within a count and a size, and holds the chapter's own notebook;
+  anything else is set aside (outside `inbound/`, for the instructor to read) with one line saying
+  why, and the others are collected. A submission counts at the time the exchange received it
+  (`autograder/received.json`), not the time the student's own `timestamp.txt` claims.
 * `feedback` releases a page only when it was graded from the submission now collected.
 
 The English edition is the nbgrader course `transformer-course` (released from `chapters/`), the
@@ -41,6 +49,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
+import course_exchange  # noqa: E402
+import exchange as exchange_rules  # noqa: E402
+import passwords  # noqa: E402
+import servers  # noqa: E402
 from roster import Person, RosterError, read_roster  # noqa: E402
 
 EDITIONS = {"en": ("transformer-course", "chapters"), "zh": ("transformer-course-zh", os.path.join("chapters", "zh"))}
@@ -48,6 +60,7 @@ PROXY_VERSION = "5.3.0"
 # Folders of the course a student must not read: the solutions and hidden tests, others' submissions
 # and feedback, the grader's kits, the history that holds all of them.
 CLOSED = ["solutions", "autograder", "tests", ".git"]
+ANSWERS = ("visible", "hidden")
 
 
 class ClassError(RuntimeError):
@@ -94,23 +107,38 @@ def _run(*cmd: str) -> None:
         raise ClassError(f"{' '.join(cmd)} failed: {(proc.stderr or proc.stdout).strip()[:300]}")
 
 
+def _created(created_file: Path) -> list[str]:
+    return json.loads(created_file.read_text()) if created_file.exists() else []
+
+
+def check_accounts(people: list[Person], created_file: Path) -> None:
+    """Refuse, before anything is made, a roster login that is an account the course did not create:
+    on a shared server `wang` may be a member of staff, whose files and mail a student must not get."""
+    created = set(_created(created_file))
+    for person in people:
+        try:
+            account = pwd.getpwnam(person.login)
+        except KeyError:
+            continue
+        if person.login not in created:
+            raise ClassError(f"{person.login} is already an account on this server (uid {account.pw_uid}) that the "
+                             "course did not create: give that person another login in the roster")
+
+
 def ensure_accounts(people: list[Person], created_file: Path) -> list[str]:
-    """Unix accounts for the roster (those already there are kept), homes 0700, the instructors'
-    group. Returns the logins this call created; every login the course created is kept in
+    """Unix accounts for the roster (check_accounts first), homes 0700, the instructors' group.
+    Returns the logins this call created; every login the course created is kept in
     `created_file`, so that `remove-accounts` removes those and no other."""
     group = instructor_group()
     try:
         grp.getgrnam(group)
     except KeyError:
         _run("groupadd", "--system", group)
-    created = json.loads(created_file.read_text()) if created_file.exists() else []
+    created = _created(created_file)
     new = []
     for person in people:
         try:
-            account = pwd.getpwnam(person.login)
-            if account.pw_uid < 1000:
-                raise ClassError(f"{person.login} is a system account on this server (uid {account.pw_uid}); "
-                                 "give that person another login in the roster")
+            pwd.getpwnam(person.login)
         except KeyError:
             _run("useradd", "--create-home", "--shell", "/bin/bash", "--user-group",
                  "--comment", person.name.replace(":", " "), person.login)
@@ -126,7 +154,7 @@ def ensure_accounts(people: list[Person], created_file: Path) -> list[str]:
 def remove_accounts(created_file: Path) -> list[str]:
     """Remove the accounts (and homes) this course created, and the instructors' group."""
     removed = []
-    for login in json.loads(created_file.read_text()) if created_file.exists() else []:
+    for login in _created(created_file):
         subprocess.run(["pkill", "-KILL", "-u", login], capture_output=True)
         if subprocess.run(["userdel", "--remove", login], capture_output=True).returncode == 0:
             removed.append(login)
@@ -135,7 +163,7 @@ def remove_accounts(created_file: Path) -> list[str]:
     return removed
 
 
-def close_course_folders() -> None:
+def close_course_folders(answers: str = "visible") -> None:
     gid = grp.getgrnam(instructor_group()).gr_gid
     gradebook = ROOT / "autograder" / "gradebook.db"
     if not gradebook.exists():  # Formgrader opens it read-only: it must exist before the first grading
@@ -144,21 +172,21 @@ def close_course_folders() -> None:
         Gradebook(f"sqlite:///{gradebook}", "transformer-course").close()
     os.chown(gradebook, -1, gid)
     os.chmod(gradebook, 0o640)
-    for name in CLOSED:
+    for name in CLOSED + (["transformer_lib"] if answers == "hidden" else []):
         path = ROOT / name
         if path.exists():
             os.chown(path, -1, gid)
             os.chmod(path, (path.stat().st_mode & 0o770) | 0o050)  # group reads, others nothing
+    library = ROOT / "transformer_lib"
+    if answers == "visible":  # a class that hid them before
+        os.chmod(library, library.stat().st_mode | 0o055)
 
 
 # -- the exchange and each role's Jupyter configuration --------------------------------------------
 
 
-def ensure_exchange(exchange: Path) -> None:
-    # nbgrader's own permissions (its release_assignment sets them too): everyone may create a
-    # course's folder's entries; each course's inbound/ is 0733 (write, no listing).
-    exchange.mkdir(parents=True, exist_ok=True)
-    os.chmod(exchange, 0o777)
+def course_ids() -> list[str]:
+    return [course_id for course_id, _ in EDITIONS.values()]
 
 
 def _json(path: Path, data: dict) -> None:
@@ -167,7 +195,7 @@ def _json(path: Path, data: dict) -> None:
 
 
 def write_role_configs(configs: Path, exchange: Path) -> None:
-    """state/config/{student-en,student-zh,instructor}: JUPYTER_CONFIG_PATH for each kind of server.
+    """<servers>/config/{student-en,student-zh,instructor}: JUPYTER_CONFIG_PATH for each kind of server.
 
     A student's is the learner's lab of `make lab` (.lab or .lab-zh: its start page, its settings,
     the running-cell fix, no instructor tools) with nbgrader's Assignments tab and Validate button
@@ -189,7 +217,7 @@ def write_role_configs(configs: Path, exchange: Path) -> None:
         (target / "nbgrader_config.py").write_text(
             "c = get_config()  # noqa: F821\n"
             f"c.CourseDirectory.course_id = {course_id!r}\n"
-            f"c.Exchange.root = {str(exchange)!r}\n")
+            f"c.Exchange.root = {str(exchange)!r}\n" + course_exchange.config_lines())
     target = configs / "instructor"
     target.mkdir(parents=True, exist_ok=True)
     _json(target / "jupyter_server_config.json", {
@@ -205,46 +233,13 @@ def write_role_configs(configs: Path, exchange: Path) -> None:
         "c = get_config()  # noqa: F821\n"
         f"load_subconfig({str(ROOT / 'autograder' / 'nbgrader_config.py')!r})  # noqa: F821\n"
         f"c.Exchange.root = {str(exchange)!r}\n"
-        f"c.CourseDirectory.db_url = {f'sqlite:///file:{gradebook}?mode=ro&uri=true'!r}\n")
+        f"c.CourseDirectory.db_url = {f'sqlite:///file:{gradebook}?mode=ro&uri=true'!r}\n"
+        + course_exchange.config_lines())
     for path in [configs, *configs.rglob("*")]:
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
 
 
 # -- make hub ---------------------------------------------------------------------------------------
-
-
-def _others_can_run(path: Path) -> bool:
-    """Whether a user with no special rights can execute `path` (every folder above it searchable)."""
-    path = path.resolve()
-    if not path.stat().st_mode & 0o001:
-        return False
-    return all(parent.stat().st_mode & 0o001 for parent in path.parents)
-
-
-def servers_python(state: Path) -> Path:
-    """The interpreter the class's servers run: the course venv's own when every user may run it;
-    otherwise (a venv made from a Python under /root, as pyenv installs it) a small venv in the
-    hub's state made from a system Python of the same version, which imports the course venv's
-    packages (a .pth file). Students never need write access to either."""
-    venv_python = Path(sys.executable)
-    if _others_can_run(venv_python):
-        return venv_python
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    system = next((Path(folder) / f"python{version}" for folder in ("/usr/bin", "/usr/local/bin")
-                   if (Path(folder) / f"python{version}").exists() and _others_can_run(Path(folder) / f"python{version}")), None)
-    if system is None:
-        raise ClassError(f"the course venv's Python ({venv_python.resolve()}) cannot be run by other users, and this "
-                         f"server has no system python{version}: make the venv with a Python every user can run, "
-                         f"e.g. `make venv-hub PYTHON=/usr/bin/python{version}` after removing .venv")
-    target = state / "python"
-    python = target / "bin" / "python"
-    if not python.exists():
-        _run(str(system), "-m", "venv", "--without-pip", str(target))
-    packages = next(Path(p) for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
-    site = next((target / "lib").glob("python*/site-packages"))
-    (site / "course-venv.pth").write_text(f"import site; site.addsitedir({str(packages)!r})\n")
-    return python
-
 
 
 def proxy_command() -> Path:
@@ -263,27 +258,52 @@ def ensure_proxy() -> Path:
     return command
 
 
+def _student_library(answers: str):
+    """What writes transformer_lib into the servers' venv: the whole library, or (hidden answers) the
+    grader's copy without any graded exercise's reference."""
+    if answers == "visible":
+        return None
+    sys.path.insert(0, str(ROOT / "autograder"))
+    import hiding
+
+    return lambda site: hiding.build_student_library(site)
+
+
 def setup(roster: Path, port: int, ip: str, spawner: str, auth: str, hub_port: int = 8081,
-          proxy_api_port: int = 8001) -> dict:
+          proxy_api_port: int = 8001, answers: str = "visible") -> dict:
     """Everything `make hub` prepares before JupyterHub starts; returns the class description that
     deploy/hub/jupyterhub_config.py reads."""
     if os.geteuid() != 0:
         raise ClassError("make hub must run as root (sudo make hub ROSTER=...): each student's server runs as "
                          "that student's own Unix account, which only root can start")
     people = read_roster(roster)  # before anything is changed
-    proxy = ensure_proxy()
+    if not servers.others_can_enter(ROOT):
+        raise ClassError(f"the course is in {ROOT}, which other accounts cannot enter (the instructors' servers open "
+                         "it): clone it where every account can pass, e.g. `git clone ... /srv/transformer-course-src`, "
+                         "and run make hub there")
     state = state_dir()
-    state.mkdir(parents=True, exist_ok=True)
-    os.chmod(state, 0o711)  # the role configs below are read by every user's server; nothing else is
     secret = state / "secrets"
+    check_accounts(people, secret / "created-accounts.json")
+    proxy = ensure_proxy()
+    state.mkdir(parents=True, exist_ok=True)
+    os.chmod(state, 0o700)  # the hub's alone: what every server reads is in the servers' folder
     secret.mkdir(mode=0o700, exist_ok=True)
     exchange = exchange_dir()
+    try:
+        exchange_rules.prepare(exchange, course_ids())
+        python = servers.build(Path(sys.executable).parent.parent, ROOT / "transformer_lib", answers == "hidden",
+                               _student_library(answers))
+    except (exchange_rules.ExchangeError, servers.ServersError) as exc:
+        raise ClassError(str(exc)) from None
     new = ensure_accounts(people, secret / "created-accounts.json")
-    close_course_folders()
-    ensure_exchange(exchange)
-    write_role_configs(state / "config", exchange)
+    close_course_folders(answers)
+    configs = servers.servers_dir() / "config"
+    write_role_configs(configs, exchange)
+    given = passwords.issue_first_passwords(secret / "passwords.dbm", secret / "first-passwords.csv",
+                                            [(p.login, p.name) for p in people])
     description = {
-        "root": str(ROOT), "venv": str(Path(sys.executable).parent.parent), "python": str(servers_python(state)),
+        "root": str(ROOT), "venv": str(Path(sys.executable).parent.parent), "python": str(python),
+        "servers_prefix": str(python.parent.parent), "configs": str(configs), "answers": answers,
         "exchange": str(exchange),
         "state": str(state), "port": port, "ip": ip, "hub_port": hub_port, "proxy_api_port": proxy_api_port, "spawner": spawner, "auth": auth,
         "proxy": str(proxy), "people": [person.__dict__ for person in people],
@@ -292,17 +312,20 @@ def setup(roster: Path, port: int, ip: str, spawner: str, auth: str, hub_port: i
     os.chmod(class_file(), 0o600)
     students = sum(not p.is_instructor for p in people)
     print(f"class: {students} students, {len(people) - students} instructors from {roster}"
-          f" ({len(new)} Unix accounts created); exchange {exchange}; hub state {state}")
+          f" ({len(new)} Unix accounts created); exchange {exchange}; hub state {state}; answers {answers}")
+    if given:
+        print(f"first passwords for {len(given)} people in {secret / 'first-passwords.csv'} (root only): hand each "
+              "person theirs; they change it at /hub/auth/change-password")
     return description
 
 
 def serve(args) -> int:
-    setup(Path(args.roster), args.port, args.ip, args.spawner, args.auth, args.hub_port, args.proxy_api_port)
+    setup(Path(args.roster), args.port, args.ip, args.spawner, args.auth, args.hub_port, args.proxy_api_port,
+          args.answers)
     env = dict(os.environ, HUB_STATE=str(state_dir()))
     os.chdir(state_dir() / "secrets")
     hub = Path(sys.executable).parent / "jupyterhub"
-    print(f"JupyterHub on http://{args.ip}:{args.port}/ (Ctrl-C stops it; students and instructors set their "
-          "password on their first login)", flush=True)
+    print(f"JupyterHub on http://{args.ip}:{args.port}/ (Ctrl-C stops it)", flush=True)
     os.execve(str(hub), [str(hub), "-f", str(HERE / "jupyterhub_config.py")], env)
 
 
@@ -325,6 +348,8 @@ config.CourseDirectory.release_directory = settings["release_directory"]
 config.Exchange.root = settings["exchange"]
 config.ExchangeReleaseAssignment.force = True
 config.CourseDirectory.student_id_exclude = settings.get("exclude", "")
+for name, value in settings["classes"].items():  # course_exchange.py: a root nobody else may write
+    setattr(config.ExchangeFactory, name, value)
 api = NbGraderAPI(config=config)
 failed = False
 for chapter in chapters:
@@ -342,8 +367,8 @@ for chapter in chapters:
 def exchange_step(step: str, language: str, chapter_list: list[str], exchange: Path, exclude: list[str] = ()) -> list[dict]:
     course_id, release_directory = EDITIONS[language]
     settings = {"course_id": course_id, "release_directory": release_directory, "exchange": str(exchange),
-                "exclude": ",".join(exclude)}
-    env = dict(os.environ, JUPYTER_CONFIG_PATH=str(ROOT / "autograder"),
+                "exclude": ",".join(exclude), "classes": course_exchange.CLASSES}
+    env = dict(os.environ, JUPYTER_CONFIG_PATH=str(ROOT / "autograder"), PYTHONPATH=str(HERE),
                PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
     proc = subprocess.run([sys.executable, "-c", _EXCHANGE_STEP, step, json.dumps(settings), *chapter_list],
                           cwd=ROOT, env=env, capture_output=True, text=True)
@@ -365,9 +390,19 @@ def _wanted(names: list[str]) -> list[str]:
     return names or known
 
 
+def _verified_exchange(hub: dict) -> Path:
+    exchange = Path(hub["exchange"])
+    try:
+        exchange_rules.verify(exchange, course_ids())
+    except exchange_rules.ExchangeError as exc:
+        raise ClassError(str(exc)) from None
+    return exchange
+
+
 def release(args) -> int:
     hub = load_class()
     wanted = _wanted(args.chapters)
+    _verified_exchange(hub)
     for language, (course_id, folder) in EDITIONS.items():
         present = [c for c in wanted if (ROOT / folder / c / f"{c}.ipynb").is_file()]
         exchange_step("release", language, present, Path(hub["exchange"]))
@@ -384,68 +419,108 @@ def _grade_ids(notebook: Path) -> set[str]:
     return {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in cells} - {None}
 
 
-def screen_inbound(hub: dict, chapter_list: list[str]) -> tuple[dict, list[str]]:
-    """Set aside every inbound entry that is not a student's own submission of that chapter's
-    notebook, before nbgrader collect can take it. Returns {language: [chapters with submissions]}
-    and one line per entry set aside."""
-    people, exchange = _roster(hub), Path(hub["exchange"])
-    found, lines = {}, []
+def _judge(hub: dict, language: str, folder: str):
+    """The course's own checks of a submission that passed exchange.py's screen."""
+    people = _roster(hub)
+
+    def judge(entry: exchange_rules.Entry) -> str | None:
+        person = people[entry.student]
+        if person["role"] != "student":
+            return f"{entry.student} is not a student on the roster"
+        if person["language"] != language:
+            return f"{entry.student} is enrolled in the {person['language']} edition, not {EDITIONS[language][0]}"
+        notebook = entry.files.get(f"{entry.chapter}.ipynb")
+        if notebook is None:
+            others = sorted(name for name in entry.files if name.endswith(".ipynb"))
+            return f"it holds {', '.join(others) or 'no notebook'}, not {entry.chapter}.ipynb"
+        try:
+            cells = json.loads(notebook).get("cells", [])
+            ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in cells} - {None}
+        except (ValueError, AttributeError):
+            ids = set()
+        if ids and not ids & _grade_ids(ROOT / folder / entry.chapter / f"{entry.chapter}.ipynb"):
+            return f"its {entry.chapter}.ipynb is another chapter's notebook (none of {entry.chapter}'s exercises in it)"
+        return None
+
+    return judge
+
+
+def _uids(hub: dict) -> dict[str, int]:
+    uids = {}
+    for login, person in _roster(hub).items():
+        try:
+            uids[login] = pwd.getpwnam(login).pw_uid
+        except KeyError:
+            pass  # an account removed by hand: nothing of theirs is collected
+    return uids
+
+
+def screen_inbound(hub: dict, chapter_list: list[str], staging: Path) -> tuple[dict, list[str], list]:
+    """Screen every edition's inbound entries of `chapter_list` (exchange.py) and stage the ones to
+    collect under `staging`. Returns {language: [chapters with submissions]}, one line per entry set
+    aside, and the staged entries."""
+    exchange, uids = Path(hub["exchange"]), _uids(hub)
+    found, lines, staged = {}, [], []
     for language, (course_id, folder) in EDITIONS.items():
-        inbound = exchange / course_id / "inbound"
-        if not inbound.is_dir():
-            continue
-        aside = exchange / course_id / "set-aside"
-        for entry in sorted(inbound.iterdir()):
-            parts = entry.name.split("+")
-            student, chapter = (parts[0], parts[1]) if len(parts) >= 3 else ("?", "?")
-            if chapter not in chapter_list:
-                continue
-            try:
-                owner = pwd.getpwuid(entry.stat().st_uid).pw_name
-            except KeyError:
-                owner = f"uid {entry.stat().st_uid}"
-            notebook = entry / f"{chapter}.ipynb"
-            why = None
-            if student not in people or people[student]["role"] != "student":
-                why = f"{student} is not a student on the roster"
-            elif owner != student:
-                why = f"it claims to be {student}'s but was written by {owner}"
-            elif people[student]["language"] != language:
-                why = f"{student} is enrolled in the {people[student]['language']} edition, not {course_id}"
-            elif not notebook.is_file():
-                others = sorted(p.name for p in entry.glob("*.ipynb"))
-                why = f"it holds {', '.join(others) or 'no notebook'}, not {chapter}.ipynb"
-            else:
-                try:
-                    ids = _grade_ids(notebook)
-                except (OSError, ValueError):
-                    ids = set()
-                expected = _grade_ids(ROOT / folder / chapter / f"{chapter}.ipynb")
-                if ids and not ids & expected:
-                    why = f"its {chapter}.ipynb is another chapter's notebook (none of {chapter}'s exercises in it)"
-            if why:
-                aside.mkdir(mode=0o700, exist_ok=True)
-                shutil.move(str(entry), aside / entry.name)
-                lines.append(f"set aside {course_id}/inbound/{entry.name}: {why} (now in {aside})")
-            else:
-                found.setdefault(language, set()).add(chapter)
-    return {language: sorted(names) for language, names in found.items()}, lines
+        entries, aside = exchange_rules.collect_safely(
+            exchange, course_id, chapter_list, uids, staging, exchange / course_id / "set-aside",
+            judge=_judge(hub, language, folder))
+        lines += aside
+        staged += entries
+        if entries:
+            found[language] = sorted({entry.chapter for entry in entries})
+    return found, lines, staged
+
+
+def record_received(entries: list) -> list[str]:
+    """autograder/received.json: when the exchange received each collected submission, and what the
+    student's own timestamp.txt claimed. Returns one line per claim earlier than the server's time
+    by more than two minutes (a forged timestamp.txt)."""
+    import datetime
+
+    path = ROOT / "autograder" / "received.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        record = {}
+    lines = []
+    for entry in entries:
+        record.setdefault("submissions", {}).setdefault(entry.student, {})[entry.chapter] = {
+            "received": entry.received_text, "claimed": entry.claimed, "entry": entry.name}
+        try:
+            claimed = datetime.datetime.strptime(entry.claimed or "", exchange_rules.TIMESTAMP_FORMAT)
+            early = entry.received - claimed.replace(tzinfo=datetime.timezone.utc).timestamp()
+        except ValueError:
+            early = 0.0 if entry.claimed is None else float("inf")
+        if early > 120:
+            lines.append(f"{entry.student} / {entry.chapter}: timestamp.txt claims {entry.claimed!r}, but the exchange "
+                         f"received it at {entry.received_text}; it counts at the exchange's time")
+    work = path.with_suffix(".tmp")
+    work.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    os.replace(work, path)
+    return lines
 
 
 def collect(args) -> int:
     hub = load_class()
     wanted = _wanted(args.chapters)
-    found, lines = screen_inbound(hub, wanted)
+    _verified_exchange(hub)
+    staging = ROOT / "autograder" / ".exchange-staging"
+    found, lines, staged = screen_inbound(hub, wanted, staging)
     for line in lines:
         print(line)
     if not found:
+        print(f"collected 0, set aside {len(lines)}")
         raise ClassError(f"nothing to collect: no submission of {', '.join(args.chapters) or 'any chapter'} "
                          f"in the exchange ({hub['exchange']})")
+    for line in record_received(staged):
+        print(line)
     for language, names in found.items():
-        for result in exchange_step("collect", language, names, Path(hub["exchange"])):
+        for result in exchange_step("collect", language, names, staging):
             for line in result["log"].splitlines():
                 if "Collecting submission" in line or "Updating submission" in line:
                     print(line.split("] ", 1)[-1])
+    print(f"collected {len(staged)}, set aside {len(lines)}")
     return 0
 
 
@@ -493,6 +568,17 @@ def feedback(args) -> int:
     return 0
 
 
+def reset_password(args) -> int:
+    person = _roster(load_class()).get(args.login)
+    if person is None:
+        raise ClassError(f"{args.login} is not on the class's roster")
+    secret = state_dir() / "secrets"
+    password = passwords.reset_password(secret / "passwords.dbm", secret / "first-passwords.csv", args.login, person["name"])
+    print(f"{args.login}: new first password {password} (also in {secret / 'first-passwords.csv'}); "
+          "they change it at /hub/auth/change-password")
+    return 0
+
+
 def remove(args) -> int:
     removed = remove_accounts(state_dir() / "secrets" / "created-accounts.json")
     print(f"removed {len(removed)} accounts the course had created: {', '.join(removed) or 'none'}")
@@ -510,11 +596,14 @@ def main(argv=None) -> int:
     hub.add_argument("--proxy-api-port", type=int, default=8001, help="the proxy's API, on 127.0.0.1")
     hub.add_argument("--spawner", choices=["local", "systemd"], default="local")
     hub.add_argument("--auth", choices=["firstuse", "lti13"], default="firstuse")
+    hub.add_argument("--answers", choices=ANSWERS, default="visible",
+                     help="visible: students' servers hold the reference library; hidden: without the graded answers")
     check = sub.add_parser("check-roster", help="read a roster and say what is wrong with it")
     check.add_argument("roster")
     for name in ("release", "collect", "feedback"):
         sub.add_parser(name).add_argument("chapters", nargs="*")
     sub.add_parser("remove-accounts", help="remove the Unix accounts the course created")
+    sub.add_parser("reset-password", help="a new first password for one person").add_argument("login")
     args = parser.parse_args(argv)
     # nbgrader runs alembic and jupyter by name: this interpreter's own come first.
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -525,7 +614,7 @@ def main(argv=None) -> int:
                   f"{sum(p.is_instructor for p in people)} instructors, {sum(p.language == 'zh' for p in people)} in Chinese")
             return 0
         return {"serve": serve, "release": release, "collect": collect, "feedback": feedback,
-                "remove-accounts": remove}[args.step](args)
+                "remove-accounts": remove, "reset-password": reset_password}[args.step](args)
     except (ClassError, RosterError) as exc:
         print(f"{Path(sys.argv[0]).name if argv is None else 'classhub'}: {exc}", file=sys.stderr)
         return 1

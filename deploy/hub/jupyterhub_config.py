@@ -6,12 +6,12 @@ course, the exchange, the port) and sets:
 * the hub's state in `$HUB_STATE/secrets` (its SQLite database, cookie secret, proxy token and
   first-use passwords; 0700, never committed);
 * the standard proxy, configurable-http-proxy, installed by `make hub` under `$HUB_STATE/proxy`;
-* login: FirstUseAuthenticator (each person sets a password on their first login; only the
-  roster's logins are let in), or LTI 1.3 from an LMS (`AUTH=lti13`: the settings in
-  `$HUB_STATE/lti13.json`, see README "Running a class");
+* login: FirstUseAuthenticator with the first passwords `make hub` gave (passwords.py: nobody sets
+  another's password by logging in first; only the roster's logins are let in), or LTI 1.3 from an
+  LMS (`AUTH=lti13`: the settings in `$HUB_STATE/lti13.json`, see README "Running a class");
 * groups `instructors` and `students`; instructors are the hub's admins;
 * each person's server runs as their own Unix account (LocalProcessSpawner, or SystemdSpawner with
-  per-user memory and CPU limits, `SPAWNER=systemd`), on the course's virtual environment: a
+  per-user memory and CPU limits, `SPAWNER=systemd`), on the servers' Python (servers.py): a
   student gets the learner's lab of `make lab` in their roster language with nbgrader's
   Assignments tab, an instructor gets Formgrader on the course folder.
 """
@@ -20,14 +20,18 @@ import json
 import os
 import pwd
 import shutil
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # passwords.py
 
 c = get_config()  # noqa: F821 (provided by traitlets when JupyterHub loads this file)
 
 STATE = Path(os.environ["HUB_STATE"])
 CLASS = json.loads((STATE / "class.json").read_text())
 SECRETS = STATE / "secrets"
-ROOT, VENV = Path(CLASS["root"]), Path(CLASS["venv"])
+ROOT = Path(CLASS["root"])
+SERVERS = Path(CLASS["servers_prefix"])  # the servers' venv, which every account can read
 PEOPLE = {person["login"]: person for person in CLASS["people"]}
 INSTRUCTORS = sorted(login for login, p in PEOPLE.items() if p["role"] == "instructor")
 STUDENTS = sorted(login for login, p in PEOPLE.items() if p["role"] == "student")
@@ -51,7 +55,7 @@ if CLASS["auth"] == "lti13":
     for name, value in json.loads((STATE / "lti13.json").read_text()).items():
         setattr(c.LTI13Authenticator, name, value)
 else:
-    c.JupyterHub.authenticator_class = "firstuseauthenticator.FirstUseAuthenticator"
+    c.JupyterHub.authenticator_class = "passwords.RosterAuthenticator"
     c.FirstUseAuthenticator.dbm_path = str(SECRETS / "passwords.dbm")
     c.FirstUseAuthenticator.create_users = False  # only the roster's logins (created below) may log in
     c.FirstUseAuthenticator.min_password_length = 8
@@ -73,7 +77,7 @@ c.Spawner.cmd = [CLASS["python"], "-m", "jupyterhub.singleuser"]
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
 c.Spawner.environment = {
-    "PATH": f"{Path(CLASS['python']).parent}:{VENV / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+    "PATH": f"{SERVERS / 'bin'}:/usr/local/bin:/usr/bin:/bin",
     "OMP_NUM_THREADS": os.environ.get("HUB_THREADS_PER_USER", "2"),  # a shared server: two cores a learner
     "PYTHONHASHSEED": "0",
 }
@@ -87,12 +91,12 @@ def prepare_server(spawner):
     """Pick the person's kind of server, and give a student's home its start page."""
     person = PEOPLE[spawner.user.name]
     if person["role"] == "instructor":
-        config = STATE / "config" / "instructor"
+        config = Path(CLASS["configs"]) / "instructor"
         spawner.notebook_dir = str(ROOT)
         spawner.default_url = "/formgrader"
         spawner.environment["COURSE_LANG"] = person["language"]
     else:
-        config = STATE / "config" / f"student-{person['language']}"
+        config = Path(CLASS["configs"]) / f"student-{person['language']}"
         spawner.notebook_dir = "~"
         spawner.default_url = "/lab/tree/START.md"
         spawner.environment["COURSE_LANG"] = person["language"]
@@ -101,12 +105,11 @@ def prepare_server(spawner):
         if not page.exists():
             shutil.copyfile(start_page(person["language"]), page)
             os.chown(page, account.pw_uid, account.pw_gid)
-    # The role's configuration first; then the course venv's own (which turns JupyterLab and
-    # nbgrader's server extensions on), found there even when the servers' interpreter is the
-    # small venv classhub.servers_python makes.
-    spawner.environment["JUPYTER_CONFIG_PATH"] = os.pathsep.join([str(config), str(VENV / "etc" / "jupyter")])
-    spawner.environment["JUPYTER_PATH"] = str(VENV / "share" / "jupyter")
-    spawner.environment["JUPYTERLAB_DIR"] = str(VENV / "share" / "jupyter" / "lab")
+    # The role's configuration first; then the servers' venv's own (which turns JupyterLab and
+    # nbgrader's server extensions on).
+    spawner.environment["JUPYTER_CONFIG_PATH"] = os.pathsep.join([str(config), str(SERVERS / "etc" / "jupyter")])
+    spawner.environment["JUPYTER_PATH"] = str(SERVERS / "share" / "jupyter")
+    spawner.environment["JUPYTERLAB_DIR"] = str(SERVERS / "share" / "jupyter" / "lab")
 
 
 c.Spawner.pre_spawn_hook = prepare_server
