@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import pwd
-import secrets
 import sys
 import time
 import urllib.request
@@ -41,10 +40,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 import hub_harness  # noqa: E402
 
 CHAPTER = "02_self_attention"
-SERVICE = """
-c.JupyterHub.services = [{{"name": "load-test", "api_token": {token!r}}}]
-c.JupyterHub.load_roles = [{{"name": "load-test", "scopes": ["admin:users", "tokens"], "services": ["load-test"]}}]
-"""
 
 
 def api(hub, path: str, token: str, method: str = "GET", body: dict | None = None) -> dict:
@@ -102,9 +97,9 @@ def main() -> int:
     languages = {login: ("zh" if i % 5 == 4 else "en") for i, login in enumerate(logins)}
     people = [(instructor, "Instructor", "instructor", "en")] + [
         (login, f"Student {i}", "student", languages[login]) for i, login in enumerate(logins)]
-    service_token = secrets.token_hex(32)
     started = time.perf_counter()
-    hub = hub_harness.start_class(people, extra_config=SERVICE.format(token=service_token))
+    hub = hub_harness.start_class(people)
+    service_token = hub.token  # the harness's admin service
     result = {"students": args.students}
     try:
         result["hub_start_s"] = round(time.perf_counter() - started, 1)

@@ -22,7 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,6 +65,25 @@ class Hub:
                         HUB_INSTRUCTOR_GROUP=self.group, OMP_NUM_THREADS="1", PYTHONHASHSEED="0",
                         PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
         self.process = None
+        self.token = secrets.token_hex(16)  # the test's own admin service (start_class adds it)
+
+    # -- the hub's REST API, as an admin service ----------------------------------------------------
+    def api(self, method: str, path: str, body: dict | None = None, timeout: float = 30) -> tuple[int, dict]:
+        """(status, JSON) of a request to the hub or, through its proxy, to a person's server."""
+        request = urllib.request.Request(self.url + path, method=method, headers={"Authorization": f"token {self.token}"},
+                                         data=None if body is None else json.dumps(body).encode())
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                text = response.read()
+                return response.status, json.loads(text) if text else {}
+        except urllib.error.HTTPError as exc:
+            return exc.code, {}
+
+    def start_server(self, login: str) -> None:
+        status, _ = self.api("POST", f"/hub/api/users/{login}/server")
+        assert status in (201, 202, 400), f"the hub did not start {login}'s server: HTTP {status}"  # 400: running
+        wait_for(f"{login}'s server ready", lambda: self.api("GET", f"/hub/api/users/{login}")[1]
+                 .get("servers", {}).get("", {}).get("ready"))
 
     # -- the instructor's side, as the Makefile runs it ------------------------------------------
     def classhub(self, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -99,6 +120,70 @@ class Hub:
     def nbgrader(self, login: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         python = json.loads((self.state / "class.json").read_text())["python"]
         return self.as_user(login, python, "-m", "nbgrader", *args, timeout=timeout)
+
+
+def wait_for(what: str, check, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        assert time.monotonic() < deadline, f"{what}: not after {timeout:.0f} s"
+        time.sleep(0.5)
+    return result
+
+
+class Kernel:
+    """A kernel in a person's server, started and run the way JupyterLab does: REST, then the websocket."""
+
+    def __init__(self, hub: Hub, login: str):
+        import websocket
+
+        status, model = hub.api("POST", f"/user/{login}/api/kernels", {})
+        assert status == 201, f"no kernel in {login}'s server: HTTP {status}"
+        self.id, self.session = model["id"], uuid.uuid4().hex
+        self.ws = websocket.create_connection(
+            f"ws://127.0.0.1:{hub.port}/user/{login}/api/kernels/{self.id}/channels?session_id={self.session}",
+            header=[f"Authorization: token {hub.token}"], timeout=60)
+
+    def run(self, code: str, timeout: float = 60) -> dict:
+        """{"stdout", "result", "error", "died"}: died when the kernel was killed while running it."""
+        import websocket
+
+        msg_id = uuid.uuid4().hex
+        self.ws.send(json.dumps({
+            "header": {"msg_id": msg_id, "msg_type": "execute_request", "session": self.session,
+                       "username": "test", "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                        "allow_stdin": False, "stop_on_error": True}}))
+        out = {"stdout": "", "result": None, "error": None, "died": False}
+        replied = idle = False
+        deadline = time.monotonic() + timeout
+        while not (replied and idle):
+            self.ws.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                msg = json.loads(self.ws.recv())
+            except websocket.WebSocketConnectionClosedException:
+                return dict(out, died=True)
+            except websocket.WebSocketTimeoutException:
+                raise AssertionError(f"no answer from the kernel in {timeout:.0f} s to {code[:60]!r}") from None
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "status" and content["execution_state"] in ("restarting", "dead"):
+                return dict(out, died=True)  # the server's restarter found the kernel gone
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if kind == "stream" and content["name"] == "stdout":
+                out["stdout"] += content["text"]
+            elif kind == "execute_result":
+                out["result"] = content["data"].get("text/plain")
+            elif kind == "error":
+                out["error"] = content["ename"]
+            elif kind == "execute_reply":
+                replied = True
+            elif kind == "status" and content["execution_state"] == "idle":
+                idle = True
+        return out
+
+    def close(self) -> None:
+        self.ws.close()
 
 
 def _copy_course(target: Path) -> None:
@@ -155,9 +240,13 @@ def start_class(people: list[tuple[str, str, str, str]], extra_config: str = "")
     _copy_course(hub.course)
     (hub.course / "deploy" / "hub" / "state").mkdir(exist_ok=True)
     os.symlink(PROXY.parents[2], hub.course / "deploy" / "hub" / "state" / "proxy")
-    if extra_config:
-        hub.state.mkdir(parents=True, exist_ok=True)
-        (hub.state / "extra_config.py").write_text(extra_config)
+    hub.state.mkdir(parents=True, exist_ok=True)
+    (hub.state / "extra_config.py").write_text(f"""
+# The test's own admin service: start and stop servers, and reach them, through the REST APIs.
+c.JupyterHub.services = [{{"name": "class-test", "api_token": {hub.token!r}}}]
+c.JupyterHub.load_roles = [{{"name": "class-test", "services": ["class-test"],
+                            "scopes": ["admin:users", "admin:servers", "access:servers", "tokens"]}}]
+""" + extra_config)
     roster = base / "roster.csv"
     roster.write_text("login,name,role,language\n" + "".join(f"{','.join(row)}\n" for row in people))
     hub.log = open(base / "hub.log", "w")

@@ -17,6 +17,11 @@ reading the Chinese edition:
 Then what a student must not reach (each its own test): another student's files in the exchange or
 in their home, the course's solutions, Formgrader and the instructor's server (403 from the hub),
 another student's feedback, and a submission in another student's name (`collect` sets it aside).
+Then a hostile student, from their own account and shell: the exchange's course folders (taken,
+renamed, removed), links, special files, hard links, huge or many files and a forged timestamp in
+what `collect` reads as root, an instructor's login claimed before they logged in, a roster login
+that is someone's existing account, and, in their server, a fork bomb and a memory hog (each
+server's cgroups, deploy/hub/limits.py: the other student's kernel and the hub keep answering).
 
 Needs root (Unix accounts), Node's npm (the proxy; `make test` installs it), chromium and useradd;
 elsewhere it is skipped and says why.
@@ -24,20 +29,30 @@ elsewhere it is skipped and says why.
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import os
 import pwd
 import re
 import shutil
 import subprocess
-import json
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from hub_harness import Hub, start_class, stop_class, suffixed, why_not
+from hub_harness import ROOT, Hub, Kernel, start_class, stop_class, suffixed, wait_for, why_not
 
 CHAPTER = "02_self_attention"
 PASSWORD = "a-long-password-1"
+# Each server's limits (deploy/hub/limits.py), small enough to reach in a test, large enough for chapter 02.
+MEMORY, PIDS, SHARE = "1500M", 256, 1024
+CONTROLLERS = ("memory", "pids", "cpu")
+LIMITS = f"""
+os.environ.update(HUB_MEM_LIMIT={MEMORY!r}, HUB_PIDS_LIMIT="{PIDS}", HUB_CPU_SHARE="{SHARE}")
+"""
 CORRECT = "def project_qkv(x, w_q, w_k, w_v):\n    return x @ w_q, x @ w_k, x @ w_v\n"
 SWAPPED = "def project_qkv(x, w_q, w_k, w_v):\n    return x @ w_k, x @ w_q, x @ w_v\n"
 
@@ -55,14 +70,21 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(_why_not() is not None, reaso
 def hub():
     instructor, alice, wang, absent = suffixed("ti", "ta", "tz", "tj")
     hub = start_class([(instructor, "Test Instructor", "instructor", "en"), (alice, "Alice Martin", "student", "en"),
-                       (wang, "王小明", "student", "zh"), (absent, "Never Logged In", "instructor", "en")])
+                       (wang, "王小明", "student", "zh"), (absent, "Never Logged In", "instructor", "en")],
+                      extra_config=LIMITS)
     hub.instructor, hub.alice, hub.wang, hub.absent = instructor, alice, wang, absent
+    hub.cgroups = cgroups_of(hub.process.pid)  # the course's cgroups go under the hub's own
     try:
         hub.classhub("release", CHAPTER)
         yield hub
     finally:
-        # KEEP_HUB_LOG=1: a maintainer's look at a failure (the hub's log and the course copy stay)
-        stop_class(hub, keep_files=bool(os.environ.get("KEEP_HUB_LOG")))
+        try:
+            # KEEP_HUB_LOG=1: a maintainer's look at a failure (the hub's log and the course copy stay)
+            stop_class(hub, keep_files=bool(os.environ.get("KEEP_HUB_LOG")))
+        finally:  # …and with the servers their cgroups: none of the class's is left under the hub's
+            left = [str(folder / f"course-{login}") for folder in hub.cgroups.values() for login in hub.logins
+                    if (folder / f"course-{login}").exists()]
+            assert not left, f"cgroups left behind after the hub stopped: {left}"
 
 
 # -- the browser ----------------------------------------------------------------------------------------
@@ -411,7 +433,8 @@ def test_collect_takes_only_a_students_own_plain_files(submitted):
     hub.classhub("collect", CHAPTER)  # the honest submissions first
     wang_collected = hub.course / "autograder" / "submitted" / hub.wang / CHAPTER / f"{CHAPTER}.ipynb"
     wang_before = wang_collected.read_bytes()
-    own = (alice_home / CHAPTER / f"{CHAPTER}.ipynb").read_text()
+    release = hub.course / "chapters" / CHAPTER / f"{CHAPTER}.ipynb"  # a notebook of this chapter, as fetched
+    own = release.read_text()
     name = lambda tag: f"{hub.alice}+{CHAPTER}+{_stamp('')}+{tag}"  # noqa: E731
     attacks = {}
     # 1. her notebook is a link to the other student's (root would follow it)
@@ -440,7 +463,7 @@ def test_collect_takes_only_a_students_own_plain_files(submitted):
     attacks[entry.name] = "it holds more than 50 files"
     # 7. her own real resubmission, its timestamp.txt forged to look early (collected, at the server's time)
     entry = _entry(hub, hub.alice, name("honest"))
-    hub.as_user(hub.alice, "cp", str(alice_home / CHAPTER / f"{CHAPTER}.ipynb"), str(entry))
+    hub.as_user(hub.alice, "cp", str(release), str(entry))
     hub.as_user(hub.alice, "sh", "-c", f"printf '2020-01-01 00:00:00.000000 UTC' > '{entry}/timestamp.txt'")
 
     proc = hub.classhub("collect", CHAPTER)
@@ -486,3 +509,211 @@ def test_nobody_becomes_someone_else(hub, browser, tmp_path):
         assert len(proc.stderr.strip().splitlines()) == 1
     finally:
         subprocess.run(["userdel", staff], check=True)
+
+
+# -- one student cannot take the class down (deploy/hub/limits.py) ----------------------------------------
+#
+# Every attack is bounded: the bomb forks at most 400 sleeping children for at most 8 s and kills them,
+# the hog takes at most 2 GiB for at most 30 s.
+
+BOMB = r"""
+import errno, os, signal, time
+kids, refused, started = [], 0, time.monotonic()
+try:
+    # Bounded: 400 children at most, each asleep, for 8 s at most; then every one is killed.
+    while len(kids) < 400 and time.monotonic() - started < 8:
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            if exc.errno != errno.EAGAIN:
+                raise
+            refused += 1
+            time.sleep(0.02)
+            continue
+        if pid == 0:
+            try:
+                time.sleep(30)
+            finally:
+                os._exit(0)
+        kids.append(pid)
+finally:
+    for pid in kids:
+        os.kill(pid, signal.SIGKILL)
+    for pid in kids:
+        os.waitpid(pid, 0)
+print(len(kids), refused)
+"""
+
+HOG = r"""
+import time
+hog, started = [], time.monotonic()
+try:
+    # Bounded: 2 GiB at most (the limit is 1500M), 16 MiB at a time, each piece written to.
+    while len(hog) < 128 and time.monotonic() - started < 30:
+        hog.append(b"x" * (16 * 2**20))
+    print("allocated", len(hog) * 16)
+except MemoryError:
+    print("MemoryError at", len(hog) * 16)
+finally:
+    del hog
+"""
+
+
+def cgroups_of(pid: int) -> dict[str, Path]:
+    """{controller: folder} of a process's memory, pids and cpu cgroups (v1 under /sys/fs/cgroup/<name>,
+    or v2 under /sys/fs/cgroup)."""
+    lines = [line.split(":", 2) for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()]
+    v1 = {name: path for _, names, path in lines for name in names.split(",") if name in CONTROLLERS}
+    if v1:
+        return {name: Path("/sys/fs/cgroup", name, path.lstrip("/")) for name, path in v1.items()}
+    path = next(path for _, names, path in lines if names == "")
+    return dict.fromkeys(CONTROLLERS, Path("/sys/fs/cgroup", path.lstrip("/")))
+
+
+def read(folder: Path, *names: str) -> str:
+    """The first of these files there is in the folder (v1 and v2 name them differently)."""
+    return next((folder / name).read_text() for name in names if (folder / name).exists())
+
+
+def counter(text: str, key: str) -> int:
+    """A `key value` line's value in a cgroup's events file."""
+    return next(int(line.split()[1]) for line in text.splitlines() if line.split()[0] == key)
+
+
+
+@pytest.fixture(scope="module")
+def kernels(hub):
+    """A kernel in each student's server, started as JupyterLab starts one (A: alice, B: wang)."""
+    for login in (hub.alice, hub.wang):
+        hub.start_server(login)
+    hub.a, hub.b = hub.alice, hub.wang
+    hub.kernel_a, hub.kernel_b = Kernel(hub, hub.a), Kernel(hub, hub.b)
+    yield hub
+    for kernel in (hub.kernel_a, hub.kernel_b):
+        if kernel:
+            kernel.close()
+
+
+def test_a_students_kernel_runs_in_their_own_cgroups_with_the_limits(kernels):
+    hub = kernels
+    pid = int(hub.kernel_a.run("import os; print(os.getpid())")["stdout"])
+    groups = cgroups_of(pid)
+    for controller in CONTROLLERS:
+        assert groups[controller] == hub.cgroups[controller] / f"course-{hub.a}", (controller, groups[controller])
+    assert int(read(groups["memory"], "memory.limit_in_bytes", "memory.max")) == int(MEMORY[:-1]) * 2**20
+    assert read(groups["pids"], "pids.max").strip() == str(PIDS)
+    assert read(groups["cpu"], "cpu.shares", "cpu.weight").strip() in (str(SHARE), "100")
+    # The floor that holds without cgroups: the account's processes (twice the pids cgroup's limit).
+    limits = Path(f"/proc/{pid}/limits").read_text()
+    assert next(line for line in limits.splitlines() if line.startswith("Max processes")).split()[2] == str(2 * PIDS)
+    # B's server is in B's groups, not A's.
+    b_pid = int(hub.kernel_b.run("import os; print(os.getpid())")["stdout"])
+    assert cgroups_of(b_pid)["pids"] == hub.cgroups["pids"] / f"course-{hub.b}"
+
+
+def test_a_fork_bomb_is_refused_inside_a_while_b_and_the_hub_answer(kernels):
+    hub = kernels
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        bomb = pool.submit(hub.kernel_a.run, BOMB, 60)
+        time.sleep(1.0)  # the bomb at its limit
+        probes = []
+        while not bomb.done() and len(probes) < 30:  # every 0.25 s while the bomb lasts (8 s at most)
+            time.sleep(0.25)
+            started = time.monotonic()
+            answer = hub.kernel_b.run("1 + 1", timeout=10)
+            b_seconds = time.monotonic() - started
+            started = time.monotonic()
+            with urllib.request.urlopen(f"{hub.url}/hub/api", timeout=10) as response:
+                hub_ok = response.status == 200
+            probes.append((answer["result"], round(b_seconds, 2), hub_ok, round(time.monotonic() - started, 2)))
+        result = bomb.result()
+    kids, refused = map(int, result["stdout"].split())
+    print(f"A: {kids} children, {refused} forks refused; B and the hub during the bomb: {probes}")  # pytest -rP
+    assert refused > 0 and kids < PIDS, f"A forked {kids} children and no fork was refused (limit {PIDS})"
+    assert probes, "the bomb ended before B could be asked anything"
+    for b_answer, b_seconds, hub_ok, hub_seconds in probes:
+        assert b_answer == "2" and b_seconds < 5, f"B's kernel during A's fork bomb: {probes}"
+        assert hub_ok and hub_seconds < 5, f"the hub's API during A's fork bomb: {probes}"
+    # It was A's pids cgroup that refused them (not only the account's RLIMIT_NPROC, twice as high).
+    events = read(hub.cgroups["pids"] / f"course-{hub.a}", "pids.events")
+    assert counter(events, "max") > 0, events
+
+
+def test_a_memory_hog_ends_inside_a(kernels):
+    hub = kernels
+    result = hub.kernel_a.run(HOG, timeout=90)
+    print(f"A's memory hog: {result}")  # pytest -rP
+    assert result["died"] or result["error"] == "MemoryError" or result["stdout"].startswith("MemoryError"), \
+        f"A's kernel {result['stdout'].strip()} MiB past its {MEMORY} limit"
+    if result["died"]:  # killed by the kernel's OOM killer inside A's memory cgroup, not elsewhere
+        folder = hub.cgroups["memory"] / f"course-{hub.a}"
+        events = read(folder, "memory.oom_control", "memory.events")
+        assert counter(events, "oom_kill") > 0, events
+    # A's server is still up (its restarter gives A a fresh kernel), and B never noticed.
+    assert hub.api("GET", f"/user/{hub.a}/api/status")[0] == 200
+    assert hub.kernel_b.run("1 + 1", timeout=10)["result"] == "2"
+
+
+def test_stopping_a_server_removes_its_cgroups(kernels):
+    hub = kernels
+    folders = [folder / f"course-{hub.a}" for folder in hub.cgroups.values()]
+    assert all(folder.exists() for folder in folders)
+    hub.kernel_a.close()
+    hub.kernel_a = None
+    status, _ = hub.api("DELETE", f"/hub/api/users/{hub.a}/server")
+    assert status in (202, 204), status
+    wait_for(f"{hub.a}'s server stopped", lambda: not hub.api("GET", f"/hub/api/users/{hub.a}")[1].get("servers"),
+             timeout=60)
+    left = [str(folder) for folder in folders if folder.exists()]
+    assert not left, f"cgroups left after A's server stopped: {left}"
+    # B's stay until the hub stops (the fixture checks they go then).
+    assert (hub.cgroups["pids"] / f"course-{hub.b}").exists()
+
+
+FLOOR = r"""
+import errno, os, signal, time
+kids, refused = [], 0
+try:
+    for attempt in range(100):  # bounded: 100 sleeping children at most, all killed below
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            if exc.errno != errno.EAGAIN:
+                raise
+            refused += 1
+            continue
+        if pid == 0:
+            try:
+                time.sleep(30)
+            finally:
+                os._exit(0)
+        kids.append(pid)
+finally:
+    for pid in kids:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+hog = []
+try:
+    while len(hog) < 64:  # bounded: 1 GiB at most
+        hog.append(b"x" * (16 * 2**20))
+    print(len(kids), refused, "allocated", len(hog) * 16)
+except MemoryError:
+    print(len(kids), refused, "MemoryError at", len(hog) * 16)
+"""
+
+
+def test_without_cgroups_the_rlimits_alone_stop_a_fork_bomb_and_a_hog(hub):
+    """As on a server where the hub may make no cgroup: the spawner's own preexec step, with no cgroup
+    to join, run as the account of the instructor who never logged in (RLIMIT_NPROC counts per account)."""
+    sys.path.insert(0, str(ROOT / "deploy" / "hub"))
+    import limits
+
+    spawner = limits.LimitedSpawner(pids_limit=40, mem_limit="300M")
+    assert spawner.cgroups == {}
+    python = json.loads((hub.state / "class.json").read_text())["python"]
+    proc = subprocess.run([python, "-c", FLOOR], preexec_fn=spawner.make_preexec_fn(hub.absent),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kids, refused, outcome = proc.stdout.split(maxsplit=2)
+    assert int(kids) < 40 and int(refused) > 0, proc.stdout
+    assert outcome.startswith("MemoryError"), proc.stdout

@@ -10,8 +10,9 @@ course, the exchange, the port) and sets:
   another's password by logging in first; only the roster's logins are let in), or LTI 1.3 from an
   LMS (`AUTH=lti13`: the settings in `$HUB_STATE/lti13.json`, see README "Running a class");
 * groups `instructors` and `students`; instructors are the hub's admins;
-* each person's server runs as their own Unix account (LocalProcessSpawner, or SystemdSpawner with
-  per-user memory and CPU limits, `SPAWNER=systemd`), on the servers' Python (servers.py): a
+* each person's server runs as their own Unix account, under limits of its own (limits.py's
+  LimitedSpawner: LocalProcessSpawner with per-user cgroups and rlimits; or SystemdSpawner,
+  `SPAWNER=systemd`), on the servers' Python (servers.py): a
   student gets the learner's lab of `make lab` in their roster language with nbgrader's
   Assignments tab, an instructor gets Formgrader on the course folder.
 """
@@ -23,7 +24,7 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # passwords.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # passwords.py, limits.py
 
 c = get_config()  # noqa: F821 (provided by traitlets when JupyterHub loads this file)
 
@@ -72,7 +73,12 @@ if CLASS["spawner"] == "systemd":
     c.SystemdSpawner.isolate_tmp = True
     c.SystemdSpawner.disable_user_sudo = True
 else:
-    c.JupyterHub.spawner_class = "jupyterhub.spawner.LocalProcessSpawner"
+    # Each server in cgroups of its own (memory, processes, CPU share), rlimits as a floor:
+    # limits.py (HUB_MEM_LIMIT, HUB_PIDS_LIMIT, HUB_CPU_SHARE). One student cannot take the class down.
+    import limits
+
+    c.JupyterHub.spawner_class = limits.LimitedSpawner
+    print(f"per-student limits: {limits.describe()}", flush=True)
 c.Spawner.cmd = [CLASS["python"], "-m", "jupyterhub.singleuser"]
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
