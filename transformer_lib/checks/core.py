@@ -27,6 +27,12 @@ The notebook side has three more pieces, so that a chapter runs straight through
   name is never rebound, so re-running a test cell always tests what the learner wrote;
 * `exercise_summary(*checkers)` prints which exercises of the chapter pass.
 
+A class may hide the answers (`make hub ANSWERS=hidden`): its servers import a copy of this library
+in which every graded exercise's reference is a stub (autograder/hiding.py, build_student_library).
+There a cell that needs a hidden answer, directly or through a later cell's missing variable, ends in
+one line (AnswerHidden) instead of a traceback, and Run All goes on; the checks judge against the
+reference's outputs shipped with the copy.
+
 Every message is written here and in the chapters' checkers in English, and said in the
 notebook's language: each sentence goes through `say` (transformer_lib/language.py), which
 looks it up in the Chinese catalogue for a Chinese notebook. `judge` takes the language, so
@@ -35,14 +41,18 @@ the grader can judge submissions of both editions side by side.
 
 from __future__ import annotations
 
+import ast
 import copy
 import dataclasses
+import functools
 import re
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from .. import safe_ast
 from ..language import ENGLISH, current_language, say
 
 
@@ -54,15 +64,95 @@ class CheckFailed(AssertionError):
         return [f"\x1b[0;31mCheckFailed\x1b[0m: {self}"]
 
 
+class AnswerHidden(RuntimeError):
+    """In a class whose answers are hidden: this cell needs an exercise's answer that is not there (the
+    learner's does not pass yet, and the library holds no reference). Shown as its one line; the cell's
+    execute reply says "ok" (`_keep_run_all_running`), so Run All goes on to the next cell."""
+
+    def __init__(self, line: str, needs: str = ""):
+        super().__init__(line)
+        self.needs = needs  # the exercise's name, for the cells after it that miss what this one made
+
+    def _render_traceback_(self):
+        return [f"\x1b[0;33m{self}\x1b[0m"]
+
+
+# Names a cell skipped for a hidden answer would have bound -> the answer it needed. They are removed
+# from the kernel (a half-run cell leaves half-made values that fail later in ways no one can explain);
+# a later cell that needs one fails with a NameError, which is then a skip too, in one line, and so on.
+_SKIPPED_NAMES: dict[str, str] = {}
+
+
+def _needs_a_skipped_name(error) -> bool:
+    return isinstance(error, NameError) and getattr(error, "name", None) in _SKIPPED_NAMES
+
+
 def _keep_run_all_running(result) -> None:
     """IPython's post_run_cell hook: a cell that ended in CheckFailed still shows its red error
     output (nbgrader scores the test 0 from it, nbval and nbclient see it), but its execute reply
     says "ok". JupyterLab's Run All marks every cell it has not run yet as idle (`[ ]` instead of
     `[*]`) as soon as one reply is an error, assuming the kernel dropped them; with the
     `raises-exception` tag the kernel goes on running them, so a learner would watch a training
-    cell run under a blank prompt. Only a failed check is treated so; any other error is untouched."""
-    if isinstance(getattr(result, "error_in_exec", None), CheckFailed):
+    cell run under a blank prompt. Only a failed check is treated so, and, in a class whose answers
+    are hidden, a cell skipped for one (AnswerHidden, or a NameError for what a skipped cell did not
+    make); any other error is untouched."""
+    error = getattr(result, "error_in_exec", None)
+    source = getattr(getattr(result, "info", None), "raw_cell", "") or ""
+    if isinstance(error, CheckFailed):
         result.error_in_exec = None
+    elif isinstance(error, AnswerHidden) or _needs_a_skipped_name(error):
+        needs = error.needs if isinstance(error, AnswerHidden) else _SKIPPED_NAMES[error.name]
+        _forget_what_it_made(source, needs)
+        result.error_in_exec = None
+    elif _SKIPPED_NAMES and error is None and getattr(result, "error_before_exec", None) is None:
+        for name in _bound_names(source):  # made again (the answer passes now): a NameError for it is the learner's
+            _SKIPPED_NAMES.pop(name, None)
+
+
+def _bound_names(source: str) -> set[str]:
+    """The names a cell binds at its top level (assignments, loops, imports, definitions)."""
+    from IPython import get_ipython
+
+    try:
+        tree = safe_ast.parse(get_ipython().transform_cell(source))
+    except Exception:  # not Python after all: nothing to forget
+        return set()
+    names: set[str] = set()
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            continue  # its body binds the function's names, not the notebook's
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).split(".")[0])
+        todo.extend(ast.iter_child_nodes(node))
+    return names
+
+
+def _forget_what_it_made(source: str, needs: str) -> None:
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    for name in _bound_names(source):
+        shell.user_ns.pop(name, None)
+        _SKIPPED_NAMES[name] = needs
+    if not shell.custom_exceptions:  # the first skip of this kernel: from now on such a NameError is one line
+        shell.set_custom_exc((NameError,), _one_line_for_a_skipped_name)
+
+
+def _one_line_for_a_skipped_name(shell, etype, value, tb, tb_offset=None):
+    """IPython's handler of a NameError once a cell was skipped: one line when the name is one a skipped
+    cell did not make, the usual traceback otherwise."""
+    if _needs_a_skipped_name(value):
+        line = say("skipped: this cell needs `{name}`, which a cell above did not make: it was skipped for `{needs}`",
+                   current_language(), name=value.name, needs=_SKIPPED_NAMES[value.name])
+        value._render_traceback_ = lambda: AnswerHidden(line)._render_traceback_()
+    shell.showtraceback((etype, value, tb), tb_offset=tb_offset, running_compiled_code=True)
 
 
 def _install_kernel_hook() -> None:
@@ -76,6 +166,64 @@ def _install_kernel_hook() -> None:
     callbacks = shell.events.callbacks.get("post_run_cell", [])
     if not any(getattr(cb, "__name__", "") == _keep_run_all_running.__name__ for cb in callbacks):
         shell.events.register("post_run_cell", _keep_run_all_running)
+
+
+# -- a class's library with the answers hidden ---------------------------------------------------
+
+# In that copy (and only there): the reference outputs its checks judge against, written by
+# autograder/hiding.py; and its `_grading_hidden` module, whose EXERCISES names each hidden reference's
+# exercise. The full library has neither, and a grader's copy has no EXERCISES: both behave as before.
+SHIPPED_OUTPUTS = "_class_outputs.pt"
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_outputs() -> dict:
+    path = Path(__file__).resolve().parent.parent / SHIPPED_OUTPUTS
+    return torch.load(path, weights_only=True) if path.exists() else {}
+
+
+@functools.lru_cache(maxsize=1)
+def _hidden_exercises() -> dict:
+    try:
+        from .. import _grading_hidden
+    except ImportError:
+        return {}
+    return getattr(_grading_hidden, "EXERCISES", {})
+
+
+def _hidden_exercise(obj) -> list | None:
+    """[checker, learner's name, chapter, number] when `obj` is a reference this class hides."""
+    return _hidden_exercises().get(f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}")
+
+
+def answer_hidden(reference: str) -> AnswerHidden:
+    """What a stub of a student's copy raises when something calls the hidden `reference` (the library's
+    own code, a checker's cases, a cell): which exercise's answer it is, in the learner's language."""
+    checker, name, chapter, number = _hidden_exercises().get(reference, ["", reference, "?", "?"])
+    return AnswerHidden(say("skipped: this cell needs `{name}` (chapter {chapter}, exercise {number}), whose answer "
+                            "this class keeps hidden", current_language(), name=name,
+                            chapter=str(chapter).split("_")[0].lstrip("0"), number=number), needs=name)
+
+
+def _until_it_passes(fallback, name: str, number: int):
+    """What later cells get for an answer that does not pass when the reference is hidden: the same kind
+    of thing (a function, or a class they may subclass), which says in one line that it is needed."""
+    def needed() -> AnswerHidden:
+        return AnswerHidden(say("skipped: this cell needs your `{name}` (exercise {number}), which does not pass "
+                                "its check yet: once it passes, run the cells from its test cell on again",
+                                current_language(), name=name, number=number), needs=name)
+
+    if isinstance(fallback, type):
+        def __init__(self, *args, **kwargs):
+            raise needed()
+
+        return type(fallback.__name__, (fallback,), {"__init__": __init__, "__module__": fallback.__module__})
+
+    def needs_your_answer(*args, **kwargs):
+        raise needed()
+
+    needs_your_answer.__name__ = needs_your_answer.__qualname__ = name
+    return needs_your_answer
 
 
 _install_kernel_hook()
@@ -330,6 +478,8 @@ class Checker:
                         outputs.append(_plain(self._call(fn, case)))
                 except NotImplementedError:
                     outputs.append({"__error__": "NotImplementedError", "__type__": "error"})
+                except AnswerHidden:  # not the learner's bug: the cell is skipped, in one line
+                    raise
                 except Exception as exc:  # the learner's bug, reported in the verdict
                     outputs.append({"__error__": f"{type(exc).__name__}: {exc}", "__type__": "error"})
         return outputs
@@ -339,8 +489,18 @@ class Checker:
         the grader judges every submission of a class against the same ones."""
         with SHARED_STATE:
             if hidden not in self._expected:
-                self._expected[hidden] = self.collect_outputs(self.reference, hidden)
+                shipped = None if hidden else _shipped_outputs().get(self.name)  # a hidden reference's
+                self._expected[hidden] = shipped["expected"] if shipped else self.collect_outputs(self.reference, hidden)
             return self._expected[hidden]
+
+    def mistake_outputs(self, mistake: Mistake, hidden: bool = False) -> list | None:
+        """The outputs of a catalogued mistake on the cases; where it is the hidden reference with a twist,
+        those the copy shipped (None if none: it cannot be recognised)."""
+        try:
+            return self.collect_outputs(mistake.implementation, hidden)
+        except AnswerHidden:
+            shipped = None if hidden else _shipped_outputs().get(self.name)
+            return shipped["mistakes"].get(mistake.name) if shipped else None
 
     # -- judging (always in a process the learner's code does not run in) ------------
 
@@ -384,7 +544,8 @@ class Checker:
             return True, None, lambda lang: said("{exercise}: all {count} cases match the reference.", lang,
                                                  count=len(cases))
         for mistake in self.mistakes:
-            if self._outputs_match(self.collect_outputs(mistake.implementation, hidden), outputs):
+            reproduced = self.mistake_outputs(mistake, hidden)
+            if reproduced is not None and self._outputs_match(reproduced, outputs):
                 return False, mistake.name, lambda lang: mistake.message(self.name, lang)
         seen = self._properties_seen(cases, expected, outputs)
         if seen:
@@ -456,8 +617,14 @@ def yours_or_reference(fn: Callable, checker: Checker):
     if verdict.passed:
         print(say("using your `{name}`", language, name=name))
         return fn
+    fallback = checker.fallback if checker.fallback is not None else checker.reference
+    hidden = _hidden_exercise(fallback)
+    if hidden is not None:  # a class whose answers are hidden: there is no reference to run
+        print(say("your `{name}` does not pass its check yet, and this class keeps the answers hidden: the cells "
+                  "that need it are skipped", language, name=name))
+        return _until_it_passes(fallback, name, hidden[3])
     print(say("your `{name}` does not pass its check yet: using the reference", language, name=name))
-    return checker.fallback if checker.fallback is not None else checker.reference
+    return fallback
 
 
 def model_calls(model: torch.nn.Module, fn: Callable, *inputs, **kwargs) -> int:
