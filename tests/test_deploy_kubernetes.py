@@ -6,8 +6,13 @@ with `c` and the chart's `get_config` (a stand-in reading values.yaml). KubeSpaw
 Kubernetes client stubbed out, then builds the pod manifests of a student, a Chinese-edition student
 and an instructor. The Dask grading cluster's spec is built with dask-kubernetes; the learner's and
 instructor's Jupyter configuration is resolved the way jupyter_server and JupyterLab resolve it;
-the Dockerfile's install is compared with the README's. The last test feeds the same checks
-deliberately wrong configurations and expects each to be caught.
+the Dockerfile's install is compared with the README's. The image's build context is computed from
+Dockerfile.dockerignore the way Docker computes it (moby's patternmatcher, re-implemented below),
+and checked to hold what the image needs and none of the course's answers or state. Each user's uid
+is derived from their login and checked through KubeSpawner's pod manifests; the instructor's
+collect command (collect.py) is run with the screen and nbgrader stubbed out, and once, as root,
+with deploy/hub/exchange.py's real screen. The last test feeds the checks deliberately wrong
+configurations and expects each to be caught.
 """
 
 from __future__ import annotations
@@ -226,6 +231,7 @@ from jupyter_server.serverapp import ServerApp
 from jupyter_server.extension.config import ExtensionConfigManager
 from jupyterlab_server.config import get_static_page_config
 from nbgrader.apps.baseapp import NbGrader
+from traitlets.utils.importstring import import_item
 out = []
 for path in json.loads(sys.argv[1]):
     os.environ["JUPYTER_CONFIG_PATH"] = os.pathsep.join(path)
@@ -241,6 +247,7 @@ for path in json.loads(sys.argv[1]):
         "disabled": {k: v for k, v in (get_static_page_config(level="all").get("disabledExtensions") or {}).items() if v},
         "course_id": nb.config.CourseDirectory.get("course_id"),
         "exchange": nb.config.Exchange.get("root"),
+        "exchange_classes": {k: (v, import_item(v).__module__) for k, v in nb.config.ExchangeFactory.items()},
     })
 print(json.dumps(out))
 """
@@ -301,6 +308,206 @@ def check_cluster_spec(spec: dict, image: str) -> None:
     assert env.get("OMP_NUM_THREADS") == "1"
 
 
+# -- modules of deploy/kubernetes, imported as the collect command imports them ----------------
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(name, K8S / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.lru_cache(maxsize=1)
+def course_config():
+    """course_config.py's definitions (outside the hub, its settings section does not run)."""
+    return _module("course_config")
+
+
+def collect_module():
+    path = list(sys.path)
+    try:
+        return _module("collect")
+    finally:
+        sys.path[:] = path  # collect.py puts deploy/hub first: not for the tests that run after these
+
+
+# -- the image's build context, as Docker computes it ---------------------------------------------
+# moby/patternmatcher (which BuildKit's fsutil and the legacy builder both use) and BuildKit's
+# dockerignore.ReadAll, re-implemented: no Docker daemon or Go here, and no Python package does
+# .dockerignore's rules (gitignore's differ: there `*` also matches below the root).
+
+
+def go_clean(path: str) -> str:
+    """Go's filepath.Clean on a slash path."""
+    rooted, parts = path.startswith("/"), []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if parts and parts[-1] != "..":
+                parts.pop()
+            elif not rooted:
+                parts.append("..")
+            continue
+        parts.append(part)
+    cleaned = ("/" if rooted else "") + "/".join(parts)
+    return cleaned or ("/" if rooted else ".")
+
+
+def dockerignore_patterns(text: str) -> list[str]:
+    """dockerignore.ReadAll: `#` comments only at a line's very start, blank lines skipped, each pattern
+    cleaned and made relative to the context's root, `!` kept in front."""
+    patterns = []
+    for number, line in enumerate(text.split("\n")):
+        if number == 0:
+            line = line.removeprefix("\ufeff")
+        if line.startswith("#"):
+            continue
+        pattern = line.strip()
+        if not pattern:
+            continue
+        invert = pattern.startswith("!")
+        if invert:
+            pattern = pattern[1:].strip()
+        if pattern:
+            pattern = go_clean(pattern)
+            if len(pattern) > 1 and pattern.startswith("/"):
+                pattern = pattern[1:]
+        patterns.append("!" + pattern if invert else pattern)
+    return patterns
+
+
+class DockerPattern:
+    """patternmatcher.Pattern: `*` and `?` stop at `/`, `**` crosses any number of folders."""
+
+    def __init__(self, text: str):
+        text = go_clean(text.strip())
+        self.exclusion = text.startswith("!")
+        self.text = text[1:] if self.exclusion else text
+        self.kind, regex, i, n = "exact", "^", 0, len(self.text)
+        for step in range(n):
+            if i >= n:
+                break
+            ch, i = self.text[i], i + 1
+            if ch == "*":
+                if i < n and self.text[i] == "*":
+                    i += 1
+                    if i < n and self.text[i] == "/":
+                        i += 1
+                    if i >= n:
+                        if self.kind == "exact":
+                            self.kind = "prefix"
+                        else:
+                            regex, self.kind = regex + ".*", "regexp"
+                    else:
+                        regex, self.kind = regex + "(.*/)?", "regexp"
+                    if step == 0:
+                        self.kind = "suffix"
+                else:
+                    regex, self.kind = regex + "[^/]*", "regexp"
+            elif ch == "?":
+                regex, self.kind = regex + "[^/]", "regexp"
+            elif ch in ".+()|{}$":
+                regex += "\\" + ch
+            elif ch == "\\":
+                if i < n:
+                    regex, i, self.kind = regex + "\\" + self.text[i], i + 1, "regexp"
+                else:
+                    regex += "\\\\"
+            elif ch in "[]":
+                regex, self.kind = regex + ch, "regexp"
+            else:
+                regex += ch
+        self.regex = re.compile(regex + r"\Z") if self.kind == "regexp" else None  # Go's $: the text's end
+
+    def match(self, path: str) -> bool:
+        if self.kind == "exact":
+            return path == self.text
+        if self.kind == "prefix":
+            return path.startswith(self.text[:-2])
+        if self.kind == "suffix":
+            suffix = self.text[2:]
+            return path.endswith(suffix) or (suffix.startswith("/") and path == suffix[1:])
+        return self.regex.match(path) is not None
+
+
+class DockerIgnore:
+    def __init__(self, patterns: list[str]):
+        self.patterns = [DockerPattern(p) for p in patterns if p.strip()]
+
+    def excluded(self, path: str) -> bool:
+        """MatchesOrParentMatches: the last pattern that matches the path or a folder above it wins."""
+        parent = path.rsplit("/", 1)[0] if "/" in path else "."
+        parents = parent.split("/")
+        matched = False
+        for pattern in self.patterns:
+            if pattern.exclusion != matched:
+                continue
+            match = pattern.match(path)
+            if not match and parent != ".":
+                match = any(pattern.match("/".join(parents[:i + 1])) for i in range(len(parents)))
+            if match:
+                matched = not pattern.exclusion
+        return matched
+
+    def may_let_back_in_below(self, folder: str) -> bool:
+        """Whether Docker walks into an excluded folder: only when an exception's text starts with it
+        (the legacy builder always; BuildKit when no exception holds a wildcard, as here)."""
+        return any((p.text + "/").startswith(folder + "/") for p in self.patterns if p.exclusion)
+
+
+def build_context(root: Path, ignore_text: str) -> set[str]:
+    """The paths `docker build` sends from `root` (folders end in /); links are sent, never followed."""
+    ignore, sent = DockerIgnore(dockerignore_patterns(ignore_text)), set()
+
+    def walk(folder: str) -> None:
+        for entry in sorted(os.scandir(root / folder if folder else root), key=lambda e: e.name):
+            path = f"{folder}/{entry.name}" if folder else entry.name
+            is_dir = entry.is_dir(follow_symlinks=False)
+            if ignore.excluded(path):
+                if is_dir and ignore.may_let_back_in_below(path):
+                    walk(path)
+                continue
+            sent.add(path + "/" if is_dir else path)
+            if is_dir:
+                walk(path)
+
+    walk("")
+    return sent
+
+
+def image_ignore_text() -> str:
+    return (K8S / "Dockerfile.dockerignore").read_text()
+
+
+# What must never be in the image: the answers (solutions/ with its hidden tests, tests/), the
+# grader (its code, gradebook, submissions, feedback, grades and reports), rosters, the one-server
+# hub's state (passwords, cookie secret), the history, venvs, a learner's checkpoints.
+FORBIDDEN = [
+    "solutions/02_self_attention/02_self_attention.ipynb", "solutions/02_self_attention/02_self_attention.py",
+    "tests/test_grading.py", "autograder/course.py", "autograder/nbgrader_config.py", "autograder/gradebook.db",
+    "autograder/submitted/ana/02_self_attention/02_self_attention.ipynb", "autograder/autograded/ana/x.ipynb",
+    "autograder/feedback/ana/02_self_attention/02_self_attention.html", "autograder/grades.csv",
+    "autograder/report.csv", "autograder/graded.json", "autograder/received.json",
+    "autograder/.exchange-staging/transformer-course/inbound/x/y.ipynb", "autograder/.release/x",
+    "deploy/hub/state/secrets/jupyterhub_cookie_secret", "deploy/hub/state/passwords.csv",
+    ".git/config", ".git/objects/ab/cdef", ".venv/bin/python", ".venv-3.12/bin/python", "roster.csv",
+    "transformer_lib.egg-info/PKG-INFO", "chapters/02_self_attention/.ipynb_checkpoints/02_self_attention-checkpoint.ipynb",
+    "transformer_lib/__pycache__/attention.cpython-311.pyc", "benchmarks/bench_gpt.py", "environment.yml",
+]
+# What the image runs: the install (pyproject names README.md), the library, both editions' chapters
+# and start pages, the learner's lab configuration, the image's own files, and the exchange classes
+# the servers' nbgrader configuration imports (deploy/hub/course_exchange.py).
+NEEDED = [
+    "pyproject.toml", "README.md", "Makefile", "transformer_lib/__init__.py", "transformer_lib/checks/core.py",
+    "chapters/README.md", "chapters/zh/README.md", "chapters/02_self_attention/02_self_attention.ipynb",
+    ".lab/jupyter_server_config.json", ".lab-zh/jupyter_server_config.json", "deploy/kubernetes/start.sh",
+    "deploy/kubernetes/jupyter/student/nbgrader_config.py", "deploy/kubernetes/collect.py",
+    "deploy/hub/course_exchange.py", "deploy/hub/exchange.py",
+]
+
+
 # -- the tests ------------------------------------------------------------------------------
 
 
@@ -345,9 +552,9 @@ def test_pods_of_a_student_a_chinese_student_and_an_instructor(offline_kubespawn
     check_student(ana, "en")
     check_student(bo, "zh")
     check_instructor(prof)
-    for pod, user_id in ((ana, 7), (bo, 8), (prof, 9)):
+    for pod, login in ((ana, "ana"), (bo, "bo"), (prof, "prof")):
         assert container(pod)["image"] == image
-        check_uid(pod, 200000 + user_id)
+        check_uid(pod, course_config().uid_of_login(login))
         assert pod["spec"]["securityContext"]["fsGroup"] == 100
     assert len({container(p)["securityContext"]["runAsUser"] for p in (ana, bo, prof)}) == 3
     assert env_of(bo)["COURSE_START_PAGE"] == f"{IMAGE_COURSE}/chapters/zh/README.md"
@@ -366,6 +573,11 @@ def test_what_the_servers_load_students_never_get_formgrader():
         check_no_formgrader(resolved)
         assert resolved["course_id"] == "transformer-course-zh" and resolved["exchange"] == EXCHANGE  # from the hub's env
     instructor = effective_jupyter_config(INSTRUCTOR)
+    # The exchange's root is root's 0755 (README, step 2): nbgrader's own classes would refuse it.
+    for resolved in (effective_jupyter_config(STUDENT_EN), effective_jupyter_config(STUDENT_ZH), instructor):
+        classes = resolved["exchange_classes"]
+        for step in ("fetch_assignment", "submit", "list", "fetch_feedback", "release_assignment", "collect"):
+            assert classes.get(step, (None, None))[1] == "course_exchange", f"{step}: {classes.get(step)}"
     assert instructor["server"].get("formgrader") is True, instructor
     assert instructor["course_id"] == "transformer-course" and instructor["exchange"] == EXCHANGE
     assert not instructor["disabled"].get("@jupyter/nbgrader:formgrader")
@@ -465,10 +677,11 @@ def test_the_checks_catch_wrong_configurations(offline_kubespawner, tmp_path):
         check_student(pod_for(offline_kubespawner, c_all_instructors, fake_user("ana", 7, ["students"])), "en")
 
     # Everyone as jovyan.
+    ana_uid = course_config().uid_of_login("ana")
     c_jovyan, _ = load(course_config_text=text.replace("c.KubeSpawner.uid = course_uid", "c.KubeSpawner.uid = 1000"), tmp=tmp_path)
     with pytest.raises(AssertionError):
-        check_uid(pod_for(offline_kubespawner, c_jovyan, fake_user("ana", 7, ["students"])), 200007)
-    check_uid(good, 200007)
+        check_uid(pod_for(offline_kubespawner, c_jovyan, fake_user("ana", 7, ["students"])), ana_uid)
+    check_uid(good, ana_uid)
 
     # The student's lab with the Formgrader switched on (the instructor's configuration in its place).
     with pytest.raises(AssertionError, match="Formgrader"):
@@ -492,3 +705,215 @@ def test_the_checks_catch_wrong_configurations(offline_kubespawner, tmp_path):
     wrong["spec"]["worker"]["spec"]["containers"][0]["image"] = "other:1"
     with pytest.raises(AssertionError):
         check_cluster_spec(wrong, "img:1")
+
+
+# -- the image holds no answers --------------------------------------------------------------------
+
+
+def test_the_dockerignore_matcher_follows_dockers_rules(tmp_path):
+    """The re-implementation agrees with Docker's documented examples (docs.docker.com, .dockerignore)."""
+    def sent(ignore, files):
+        for f in files:
+            (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / f).write_text("x")
+        return {p for p in build_context(tmp_path, ignore) if not p.endswith("/")}
+
+    files = ["README.md", "README-secret.md", "CHANGES.md", "a/b/c.go", "c.go", "docs/x", "docs/keep.md",
+             "temp1", "a/temp2", "a/b/temp3", "secret/deep/key", "node/__pycache__/m.pyc"]
+    # the docs' own example: the last matching line wins
+    assert sent("*.md\n!README*.md\nREADME-secret.md\n", files) >= {"README.md"}
+    assert not sent("*.md\n!README*.md\nREADME-secret.md\n", files) & {"README-secret.md", "CHANGES.md"}
+    # * stays in one folder; a pattern names paths from the context's root; ** crosses folders
+    assert "a/temp2" in sent("temp?\n", files) and "temp1" not in sent("temp?\n", files)
+    assert "a/temp2" not in sent("*/temp*\n", files) and "a/b/temp3" in sent("*/temp*\n", files)
+    assert not {"a/b/c.go", "c.go"} & sent("**/*.go\n", files)
+    assert "node/__pycache__/m.pyc" not in sent("**/__pycache__\n", files)
+    # a folder's pattern covers everything below it; an exception lets one file back in
+    assert not any(p.startswith("secret/") for p in sent("/secret/\n", files))
+    assert sent("docs\n!docs/keep.md\n", files) & {"docs/keep.md", "docs/x"} == {"docs/keep.md"}
+    # `#` starts a comment only at the line's start
+    assert "temp1" in sent("#temp1\n", files) and "temp1" not in sent("temp1 \n", files)
+    assert dockerignore_patterns("/a/../b/\n ! c\n# x\n\n") == ["b", "!c"]
+
+
+def test_the_image_holds_what_it_needs_and_no_answers(tmp_path):
+    """Docker's context from Dockerfile.dockerignore: a tree holding every kind of file that must stay
+    out gives exactly the files the image needs; the same holds for this checkout."""
+    patterns = dockerignore_patterns(image_ignore_text())
+    for pattern in patterns:  # BuildKit walks differently past a wildcard exception: none here
+        assert not (pattern.startswith("!") and any(ch in pattern for ch in "*?[\\")), pattern
+    for path in FORBIDDEN + NEEDED:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("x")
+    files = {p for p in build_context(tmp_path, image_ignore_text()) if not p.endswith("/")}
+    assert files == set(NEEDED), f"sent but forbidden: {sorted(files - set(NEEDED))}; needed but left out: {sorted(set(NEEDED) - files)}"
+
+    # This checkout, untracked files and the hub's state included.
+    sent = build_context(ROOT, image_ignore_text())
+    top = {p.split("/")[0] for p in sent}
+    assert top <= {".lab", ".lab-zh", "Makefile", "README.md", "chapters", "deploy", "pyproject.toml", "transformer_lib"}, top
+    assert not [p for p in sent if p.startswith("deploy/hub/state") or "__pycache__" in p or ".ipynb_checkpoints" in p]
+    assert not [p for p in NEEDED if p not in sent], [p for p in NEEDED if p not in sent]
+    cfg = course_config()
+    for path in (cfg.STUDENT_CONFIG, cfg.INSTRUCTOR_CONFIG, *cfg.LAB_CONFIG.values(), *cfg.START_PAGE.values()):
+        relative = path[len(IMAGE_COURSE) + 1:]
+        assert relative in sent or relative + "/" in sent, f"course_config.py uses {path}, which the image lacks"
+    tracked = subprocess.run(["git", "ls-files", "transformer_lib", "chapters", ".lab", ".lab-zh", "deploy/kubernetes"],
+                             cwd=ROOT, capture_output=True, text=True)
+    if tracked.returncode == 0:
+        missing = [p for p in tracked.stdout.split() if p not in sent and (ROOT / p).exists()]
+        assert not missing, f"tracked files the image would lack: {missing[:5]}"
+
+
+def test_the_dockerfile_refuses_a_context_that_ignored_the_list(tmp_path):
+    """A builder that does not read Dockerfile.dockerignore copies everything: the Dockerfile's guard
+    (run here with sh, in a copy of the context) admits the names the list lets in, and nothing else."""
+    lines = (K8S / "Dockerfile").read_text().replace("\\\n", " ").splitlines()
+    guard = [ln[len("RUN "):] for ln in lines if ln.startswith("RUN ") and 'case "$name"' in ln]
+    assert len(guard) == 1, "the Dockerfile's guard after COPY is missing"
+
+    def context(name: str, *paths: str) -> Path:
+        for path in paths:
+            (tmp_path / name / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name / path).write_text("x")
+        return tmp_path / name
+
+    def guard_passes(folder: Path) -> bool:
+        return subprocess.run(["sh", "-c", guard[0]], cwd=folder, capture_output=True).returncode == 0
+
+    assert guard_passes(context("clean", *NEEDED))
+    for intruder in ("solutions/02/02.ipynb", ".git/config", "deploy/hub/state/x", "roster.csv"):
+        assert not guard_passes(context(intruder.replace("/", "_"), *NEEDED, intruder)), intruder
+
+
+# -- a uid of each user's own ------------------------------------------------------------------------
+
+
+def colliding_logins() -> tuple[str, str]:
+    """Two logins with one uid (a birthday search: about 50,000 hashes)."""
+    uid_of_login, seen = course_config().uid_of_login, {}
+    for i in range(1_000_000):
+        login = f"s{i}"
+        uid = uid_of_login(login)
+        if uid in seen:
+            return seen[uid], login
+        seen[uid] = login
+    raise AssertionError("no two logins share a uid in a million: is the span wider than 2^31?")
+
+
+def test_each_login_has_its_own_uid_in_every_pod_and_after_restarts(offline_kubespawner, tmp_path):
+    roster = "login,name,role,language\nana,Ana,student,en\nbo,Bo,student,zh\nprof,Prof,instructor,en\n"
+    c1, _ = load(roster=roster, tmp=tmp_path)
+    c2, _ = load(roster=roster, tmp=tmp_path)  # the hub restarted, its database new: other user ids
+    groups = {"ana": ["students"], "bo": ["students", "lang-zh"], "prof": ["instructors"]}
+    uids = {}
+    for login in groups:
+        before = pod_for(offline_kubespawner, c1, fake_user(login, 7, groups[login]))
+        after = pod_for(offline_kubespawner, c2, fake_user(login, 42, groups[login]))
+        uids[login] = container(before)["securityContext"]["runAsUser"]
+        assert container(after)["securityContext"]["runAsUser"] == uids[login], f"{login}'s uid changed with the restart"
+        for pod in (before, after):
+            check_uid(pod, uids[login])
+            assert container(pod)["securityContext"]["runAsGroup"] == 100
+    assert len(set(uids.values())) == 3, uids
+    for uid in uids.values():
+        assert uid != 1000 and 1004095 < uid < 2**31, uid  # not jovyan, not the grader's sandbox uids
+    # The collect command computes the same uids without the hub (course_config.py as a module).
+    assert course_config().roster_uids(list(groups)) == uids
+    # Pinned: a changed derivation changes every user's uid, and their files become nobody's.
+    assert uids["ana"] == 418968010
+
+
+def test_two_logins_sharing_a_uid_are_refused(offline_kubespawner, tmp_path):
+    first, second = colliding_logins()
+    roster = f"login,name,role,language\n{first},A,student,en\n{second},B,student,en\nprof,P,instructor,en\n"
+    with pytest.raises(ValueError, match=f"{first} and {second} would run as the same uid"):
+        load(roster=roster, tmp=tmp_path)
+    # With LTI there is no roster: the hub's own users are checked when a server starts.
+    c, _ = load(tmp=tmp_path)
+    user = fake_user(second, 8, ["students"])
+    user.db = types.SimpleNamespace(query=lambda column: [(first,), (second,), ("prof",)])
+    with pytest.raises(RuntimeError, match="same uid"):
+        pod_for(offline_kubespawner, c, user)
+    user.db = types.SimpleNamespace(query=lambda column: [(second,), ("prof",)])
+    check_uid(pod_for(offline_kubespawner, c, user), course_config().uid_of_login(second))
+
+
+# -- the instructor's collect ------------------------------------------------------------------------
+
+ROSTER = "login,name,role,language\nana,Ana,student,en\nbo,Bo,student,zh\nprof,Prof,instructor,en\n"
+
+
+def test_collect_screens_with_the_hubs_uids_then_collects_with_update(tmp_path, monkeypatch):
+    collect = collect_module()
+    (tmp_path / "roster.csv").write_text(ROSTER)
+    people = collect.read_people(tmp_path / "roster.csv")
+    exchange, course = tmp_path / "exchange", tmp_path / "course"
+    screened, ran, said = [], [], []
+
+    def screen(exchange_root, course_id, chapters, uid_of, staging, aside, judge=None):
+        screened.append(dict(exchange_root=exchange_root, course_id=course_id, chapters=chapters, uid_of=uid_of,
+                             staging=staging, aside=aside, judge=judge))
+        if course_id == "transformer-course":
+            return [types.SimpleNamespace(student="ana", chapter="02_self_attention")], ["set aside x: it claims to be ana's"]
+        return [], []
+
+    monkeypatch.setattr(collect.exchange_rules, "collect_safely", screen)
+    monkeypatch.setattr(collect, "layout_problems", lambda *a: [])
+    received = []  # classhub writes autograder/received.json of the checkout it is in: not here
+    monkeypatch.setattr(collect.classhub, "record_received", lambda entries: received.extend(entries) or [])
+    uids = course_config().roster_uids(["ana", "bo", "prof"])
+
+    # The dry run says what it would screen and run, and does neither.
+    collect.collect(people, ["02_self_attention"], exchange, course, dry_run=True, run=ran.append, say=said.append)
+    assert not screened and not ran
+    assert all(str(uid) in "\n".join(said) for uid in uids.values())
+    assert [ln for ln in said if ln.startswith("would run:") and " collect 02_self_attention --update " in ln]
+
+    said.clear()
+    collect.collect(people, ["02_self_attention"], exchange, course,
+                    run=lambda argv, **kw: ran.append((argv, kw)), say=said.append)
+    staging = course / "autograder" / ".exchange-staging"
+    assert [s["course_id"] for s in screened] == ["transformer-course", "transformer-course-zh"]
+    for s in screened:
+        assert s["uid_of"] == uids and s["exchange_root"] == exchange and s["chapters"] == ["02_self_attention"]
+        assert s["staging"] == staging and s["aside"] == exchange / s["course_id"] / "set-aside"
+        assert callable(s["judge"])
+    assert len(ran) == 1, ran  # only the English course had a submission
+    argv, kw = ran[0]
+    assert argv[argv.index("collect"):] == ["collect", "02_self_attention", "--update",
+                                            "--CourseDirectory.course_id=transformer-course", f"--Exchange.root={staging}"]
+    assert kw["cwd"] == course and kw.get("check") is True
+    assert [(e.student, e.chapter) for e in received] == [("ana", "02_self_attention")]
+    assert said == ["set aside x: it claims to be ana's", "collected 1, set aside 1"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files the students' uids")
+def test_collect_takes_a_students_own_submission_and_sets_aside_another_uids(tmp_path, monkeypatch):
+    """The real screen (deploy/hub/exchange.py): an entry in ana's name that bo's uid wrote is set aside."""
+    collect = collect_module()
+    monkeypatch.setattr(collect.classhub, "record_received", lambda entries: [])  # this checkout's autograder/
+    (tmp_path / "roster.csv").write_text(ROSTER)
+    people = collect.read_people(tmp_path / "roster.csv")
+    uids = course_config().roster_uids(["ana", "bo", "prof"])
+    exchange, course = tmp_path / "exchange", tmp_path / "course"
+    course_ids = [course_id for course_id, _ in collect.classhub.EDITIONS.values()]
+    collect.exchange_rules.prepare(exchange, course_ids)  # root's, as the collecting instructor's uid is here
+    assert collect.layout_problems(exchange, course_ids, os.getuid()) == []
+    inbound = exchange / "transformer-course" / "inbound"
+    notebook = (ROOT / "chapters" / "02_self_attention" / "02_self_attention.ipynb").read_bytes()
+    for name, writer in (("ana+02_self_attention+2026-01-05 10:00:00.000000 UTC+own", "ana"),
+                         ("ana+02_self_attention+2026-01-05 11:00:00.000000 UTC+forged", "bo")):
+        (inbound / name).mkdir()
+        (inbound / name / "02_self_attention.ipynb").write_bytes(notebook)
+        for path in (inbound / name, inbound / name / "02_self_attention.ipynb"):
+            os.chown(path, uids[writer], 100)
+    ran, said = [], []
+    collect.collect(people, ["02_self_attention"], exchange, course, run=lambda argv, **kw: ran.append(argv), say=said.append)
+    assert [ln for ln in said if "+forged" in ln and f"written by uid {uids['bo']}" in ln], said
+    assert said[-1] == "collected 1, set aside 1"
+    staged = list((course / "autograder" / ".exchange-staging" / "transformer-course" / "inbound").iterdir())
+    assert [p.name.split("+")[0] for p in staged] == ["ana"]
+    assert [p.name for p in (exchange / "transformer-course" / "set-aside").iterdir()] == [
+        "ana+02_self_attention+2026-01-05 11:00:00.000000 UTC+forged"]
+    assert len(ran) == 1 and "--update" in ran[0]

@@ -19,12 +19,19 @@ Groups come from a roster CSV (login,name,role,language) mounted at ROSTER, or, 
 from each launch: the LMS's Instructor role, and a locale starting with "zh" (or a custom
 parameter course_lang=zh), at every login.
 
-Each user's server runs as its own uid (UID_BASE + the hub's user id), so nbgrader's exchange
-keeps its per-student ownership: a student can write to the exchange's inbound folder but cannot
-list it, and cannot read or replace another student's submission.
+Each user's server runs as a uid of their own, a hash of their login (uid_of_login): the same on
+every start, whatever happens to the hub's database, and computable without the hub, so the
+instructor's collect (collect.py, which imports this file) knows whose uid owns each submission in
+the exchange. Two logins that would share a uid stop the hub (roster) or that user's server (LTI).
+
+Imported as a module (collect.py), only the definitions run; the hub's settings at the end need the
+chart's `c` and `get_config`. Run as a script, it prints each roster login's uid (Python alone):
+
+    python3 deploy/kubernetes/course_config.py roster.csv
 """
 
 import csv
+import hashlib
 import os
 
 # Where the image keeps the course (its .venv included) and where pods mount the shared volumes.
@@ -38,12 +45,13 @@ STUDENT_CONFIG = COURSE + "/deploy/kubernetes/jupyter/student"
 INSTRUCTOR_CONFIG = COURSE + "/deploy/kubernetes/jupyter/instructor"
 ROSTER = "/usr/local/etc/jupyterhub/course/roster.csv"
 USERS_GID = 100  # the image's `users` group; the home volume is group-writable for it (fsGroup)
-UID_BASE = 200000  # above the grader's sandbox uids (autograder/isolation.py: 1000000 + 4096 is not reached by a class)
-
-_course = get_config("custom.course", {}) or {}  # noqa: F821 (the chart's get_config)
-COURSE_CLAIM = _course.get("courseClaim", "course-files")
-INSTRUCTOR_CPU = _course.get("instructorCpu", 4)
-INSTRUCTOR_MEMORY = _course.get("instructorMemory", "8G")
+# Users' uids lie in [UID_BASE, UID_BASE + UID_SPAN): above jovyan (1000) and the grader's sandbox
+# uids (autograder/isolation.py: 1000000 to 1004095), below 2^31, Kubernetes' largest runAsUser.
+# A span this wide makes two logins sharing a uid rare (about 1 in 2000 for 1000 people), and
+# checked. Changing either number changes every user's uid: their files in the exchange and home
+# then belong to nobody current.
+UID_BASE = 2_000_000
+UID_SPAN = 1 << 30
 
 
 # -- who is who -----------------------------------------------------------------------
@@ -88,12 +96,49 @@ def roster_groups(people):
     return {name: {"users": users} for name, users in groups.items()}
 
 
+# -- uids ----------------------------------------------------------------------------------
+
+
+def uid_of_login(login):
+    """The uid a login's server runs as: a hash (not Python's hash(), which changes per process)."""
+    digest = hashlib.sha256(login.encode("utf-8")).digest()
+    return UID_BASE + int.from_bytes(digest[:8], "big") % UID_SPAN
+
+
+def roster_uids(logins):
+    """{login: uid} for every login; two logins with one uid could submit in each other's name."""
+    uids, owner = {}, {}
+    for login in logins:
+        uid = uid_of_login(login)
+        if uid in owner:
+            raise ValueError(f"{owner[uid]} and {login} would run as the same uid {uid}: "
+                             "give one of them another login")
+        uids[login], owner[uid] = uid, login
+    return uids
+
+
+def _hub_logins(user):
+    """Every login in the hub's database (LTI users have no roster to check them against)."""
+    db = getattr(user, "db", None)
+    if db is None:
+        return []
+    from jupyterhub import orm
+
+    return [name for (name,) in db.query(orm.User.name)]
+
+
 # -- per user, when the server starts ----------------------------------------------------
 
 
 def course_uid(spawner):
-    """A uid of the user's own, stable as long as the hub's database (hub.db, a PVC) is kept."""
-    return UID_BASE + int(spawner.user.id)
+    """The user's own uid (KubeSpawner.uid); refuses to start a server whose uid another user has."""
+    login = spawner.user.name
+    uid = uid_of_login(login)
+    for other in _hub_logins(spawner.user):
+        if other != login and uid_of_login(other) == uid:
+            raise RuntimeError(f"{login} and {other} would run as the same uid {uid}: "
+                               "their submissions could not be told apart; rename one of them")
+    return uid
 
 
 def course_pre_spawn_hook(spawner):
@@ -157,23 +202,37 @@ def lti_groups(authenticator, handler, authentication):
     return authentication
 
 
-# -- the hub ------------------------------------------------------------------------------
+# -- the hub (inside the chart's jupyterhub_config.py only) ---------------------------------
 
-c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"  # noqa: F821 (the hub's config)
-c.KubeSpawner.uid = course_uid  # noqa: F821
-c.KubeSpawner.gid = USERS_GID  # noqa: F821
-c.KubeSpawner.fs_gid = USERS_GID  # noqa: F821
-c.KubeSpawner.supplemental_gids = [USERS_GID]  # noqa: F821
-c.KubeSpawner.pre_spawn_hook = course_pre_spawn_hook  # noqa: F821
+if "c" in globals():
+    _course = get_config("custom.course", {}) or {}  # noqa: F821 (the chart's get_config)
+    COURSE_CLAIM = _course.get("courseClaim", "course-files")
+    INSTRUCTOR_CPU = _course.get("instructorCpu", 4)
+    INSTRUCTOR_MEMORY = _course.get("instructorMemory", "8G")
 
-_authenticator = str(c.JupyterHub.authenticator_class)  # noqa: F821
-if "LTI13Authenticator" in _authenticator:
-    c.Authenticator.manage_groups = True  # noqa: F821
-    c.Authenticator.post_auth_hook = lti_groups  # noqa: F821
-    c.Authenticator.allow_all = True  # noqa: F821 (the LMS decides who may launch the course)
-else:
-    _people = read_roster()
-    if _people:
-        c.JupyterHub.load_groups = roster_groups(_people)  # noqa: F821
-        c.Authenticator.allowed_users = set(_people)  # noqa: F821
-        c.Authenticator.admin_users = {p for p, (role, _) in _people.items() if role == "instructor"}  # noqa: F821
+    c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"  # noqa: F821 (the hub's config)
+    c.KubeSpawner.uid = course_uid  # noqa: F821
+    c.KubeSpawner.gid = USERS_GID  # noqa: F821
+    c.KubeSpawner.fs_gid = USERS_GID  # noqa: F821
+    c.KubeSpawner.supplemental_gids = [USERS_GID]  # noqa: F821
+    c.KubeSpawner.pre_spawn_hook = course_pre_spawn_hook  # noqa: F821
+
+    _authenticator = str(c.JupyterHub.authenticator_class)  # noqa: F821
+    if "LTI13Authenticator" in _authenticator:
+        c.Authenticator.manage_groups = True  # noqa: F821
+        c.Authenticator.post_auth_hook = lti_groups  # noqa: F821
+        c.Authenticator.allow_all = True  # noqa: F821 (the LMS decides who may launch the course)
+    else:
+        _people = read_roster()
+        if _people:
+            roster_uids(_people)  # a shared uid stops the hub here, before anyone logs in
+            c.JupyterHub.load_groups = roster_groups(_people)  # noqa: F821
+            c.Authenticator.allowed_users = set(_people)  # noqa: F821
+            c.Authenticator.admin_users = {p for p, (role, _) in _people.items() if role == "instructor"}  # noqa: F821
+
+
+if __name__ == "__main__":
+    import sys
+
+    for _login, _uid in roster_uids(read_roster(sys.argv[1])).items():
+        print(_login, _uid)

@@ -14,7 +14,8 @@ starts its scheduler and workers, all from the course's own image, and a Service
 mounts, and a container that seccomp and AppArmor do not confine: WORKER_SECURITY below, which
 only a namespace that admits privileged pods accepts (Pod Security Standard "privileged"). Without
 it the workers still grade, with the fallback that `make grade` names in its first lines (rlimits
-only: submitted code then sees the worker's file system, the course's solutions included).
+only: submitted code then sees the worker's file system and what it holds for the job; the image
+itself holds no solutions, deploy/kubernetes/Dockerfile.dockerignore).
 `--no-sandbox-privileges` writes that weaker spec on purpose.
 """
 
