@@ -20,7 +20,12 @@ treats every submission as hostile:
   hang, a dead kernel, a malformed outputs file, the policy), instead of a silent gap;
 * a later submission replaces the earlier one (nbgrader collect --update replaces its folder), and
   a run grades only the submissions new or changed since the last one: the others keep their
-  grades and feedback (autograder/regrade.py: the record, and when it holds); `--all` grades all.
+  grades and feedback (autograder/regrade.py: the record, and when it holds); `--all` grades all;
+* on a class's hub, a submission counts at the time the exchange received it
+  (autograder/received.json), against the chapter's due date, the student's extension and the late
+  policy (deploy/hub/schedule.py): the penalty is in the gradebook, grades.csv, report.csv and the
+  feedback page, and a timestamp.txt that claims an earlier time is named in the report. Without
+  received.json (a learner grading their own work) nothing of this applies.
 """
 
 from __future__ import annotations
@@ -516,9 +521,18 @@ class Report:
     faults: list = field(default_factory=list)  # the grader's own failures, one line each (make grade exits 1)
     graded: set = field(default_factory=set)  # (student, chapter) graded by a job in this run
     kept: set = field(default_factory=set)  # (student, chapter) unchanged since the last run: grade and feedback kept
+    # (student, chapter) -> (schedule.SubmissionTime, late penalty): submissions with a server time
+    late: dict = field(default_factory=dict)
 
     def note(self, student: str, chapter: str, text: str) -> None:
         self.notes.setdefault((student, chapter), []).append(text)
+
+    def final(self, key: tuple[str, str]) -> tuple[float, float]:
+        """(score after the late penalty, max score); `scores` keeps the score before it, as the
+        gradebook's grades hold it (autograder/regrade.py compares the two)."""
+        score, max_score = self.scores[key]
+        penalty = self.late.get(key, (None, None))[1] or 0.0
+        return max(0.0, score - penalty), max_score
 
 
 def default_jobs() -> int:
@@ -600,10 +614,11 @@ def _grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, sch
 
     log = log or (lambda text: None)
     report = Report()
+    chapters = course.chapters()
+    times = submission_times(course, chapters)  # {} without received.json; a bad schedule stops here
     iso = isolation.detect(isolation_mode)
     report.isolation = iso.describe()
     report.guarantees = _check_isolation(course, iso)
-    chapters = course.chapters()
     students = course.students()
     record_file = regrade.record_path(course.root)
     record = regrade.empty() if regrade_all else regrade.load(record_file, log)
@@ -637,7 +652,8 @@ def _grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, sch
                 raws[key], sha = _read_submission(path)
                 if sha and kit_digests[key[1]]:
                     digest_of[key] = regrade.Digest(sha, regrade.grading_digest(
-                        kit_digests[key[1]], cell_timeout, limits, iso.mode))
+                        kit_digests[key[1]], cell_timeout, limits, iso.mode,
+                        times[key].digest_part() if key in times else None))
         kept, in_gradebook = ({}, set()) if regrade_all else _unchanged(course, record, digest_of, log)
         for key, entry in kept.items():  # their grade, notes and feedback stay as the last run left them
             for text in entry.get("notes", []):
@@ -685,9 +701,10 @@ def _grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, sch
         for (student, chapter), raw in sorted(raws.items()):
             if chapter in failed:
                 continue
+            when = times.get((student, chapter))
             specs.append(grading_jobs.JobSpec(student=student, chapter=chapter, submission=raw, kit=kits[chapter],
                                               cell_timeout=cell_timeout, limits=limits or {}, cache_dir=str(cache),
-                                              isolation=iso.mode))
+                                              isolation=iso.mode, late=when.for_job() if when else None))
         # Honest work first: order does not change a score, it makes progress easy to follow.
         held = [name for name, (ok, _) in report.guarantees.items() if ok]
         missing = [f"{name} ({detail})" for name, (ok, detail) in report.guarantees.items() if not ok]
@@ -707,6 +724,7 @@ def _grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, sch
 
             with warnings.catch_warnings():  # the rows in a fixed order, whatever order the jobs finish in
                 warnings.simplefilter("ignore")
+                _record_due_dates(gb, sorted({spec.chapter for spec in specs}), times)
                 for spec in specs:
                     gb.update_or_create_student(spec.student)
                     gb.update_or_create_submission(spec.chapter, spec.student)
@@ -720,7 +738,7 @@ def _grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, sch
                               "notes": [f"the grading job failed ({type(exc).__name__}: {str(exc)[:200]}); every test scored 0"],
                               "scores": {t.grade_id: [0.0, t.points] for t in spec.kit.tests}, "comments": {},
                               "flags": [], "autograded": None, "feedback": None, "seconds": 0.0}
-                _merge(course, gb, result, report)
+                _merge(course, gb, result, report, times.get((spec.student, spec.chapter)))
                 key = (spec.student, spec.chapter)
                 report.graded.add(key)
                 report.timings[key] = dict(result.get("timings", {}))
@@ -740,9 +758,101 @@ def _grade(course: Course, cell_timeout: int = 120, jobs: int | None = None, sch
                     report.scores[(student, chapter)] = (0.0, gb.find_assignment(chapter).max_score)
     finally:
         save_record(final=True)
+        _lateness(course, report, times, log)
         _export(course, report, chapters, students)
         _class_report(course, record, log, report_language)
     return report
+
+
+# -- deadlines: the server's time against the schedule (deploy/hub/schedule.py) ---------------------
+
+
+def schedule_module():
+    """deploy/hub/schedule.py, loaded by its path: it lives with the hub's files, whose other modules
+    are not the grader's to import (and nothing named `schedule` may shadow it)."""
+    module = sys.modules.get("course_schedule")
+    if module is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("course_schedule", HERE.parent / "deploy" / "hub" / "schedule.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["course_schedule"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+def submission_times(course: Course, chapters: list[str]) -> dict:
+    """(student, chapter) -> schedule.SubmissionTime for each submission autograder/received.json
+    knows; {} without it. Raises schedule.ScheduleError (one line) for a bad schedule or record."""
+    if not (course.root / "autograder" / "received.json").exists():  # a learner's own grading: as it always was
+        return {}
+    return schedule_module().submission_times(course.root, chapters)
+
+
+def _record_due_dates(gb, chapters: list[str], times: dict) -> None:
+    """Each chapter's due date for the class as nbgrader's assignment duedate (Formgrader and
+    `nbgrader export` show it; a student's extension is their submission's, set when it is merged)."""
+    if not times:
+        return
+    due = {c: t.deadline.class_due for (_, c), t in times.items() if t.deadline is not None}
+    for chapter in chapters:
+        gb.update_or_create_assignment(chapter, duedate=due.get(chapter))
+
+
+def _lateness(course: Course, report: Report, times: dict, log) -> None:
+    """Every present submission with a server time: its penalty as the gradebook holds it (made by
+    its job, now or in the run that graded it) and the report's notes on it (recomputed each run, so
+    never kept in the record: a kept submission's notes there are its job's)."""
+    if not times:
+        return
+    for key in sorted(set(report.scores) - set(times)):  # put in submitted/ by hand, say
+        report.note(*key, "no server time in autograder/received.json: graded without a due date")
+    present = [key for key in times if key in report.scores]
+    try:
+        penalties = _penalties(course, present) if present else {}
+    except Exception as exc:  # the grades stand; the penalties are missing from this run's reports
+        log(f"the late penalties could not be read from the gradebook ({_one_line(exc)})")
+        report.faults.append(f"late penalties unreadable ({_one_line(exc)})")
+        penalties = {}
+    for key, penalty in penalties.items():
+        report.late[key] = (times[key], penalty)
+        for text in times[key].report_notes(penalty):
+            report.note(*key, text)
+
+
+def _penalties(course: Course, keys: list) -> dict:
+    """(student, chapter) -> the late penalty nbgrader's gradebook holds for that submission."""
+    import warnings
+
+    from nbgrader.api import Gradebook, MissingEntry
+
+    found = {}
+    with warnings.catch_warnings(), Gradebook(course.db_url, "transformer-course") as gb:
+        warnings.simplefilter("ignore")
+        for student, chapter in keys:
+            try:
+                found[(student, chapter)] = gb.find_submission(chapter, student).late_submission_penalty or 0.0
+            except MissingEntry:
+                found[(student, chapter)] = 0.0
+    return found
+
+
+def _add_time_columns(path: Path, report: Report) -> None:
+    """grades.csv's own columns, then received, due (with the student's extension), late_by, late_policy
+    and penalty (nbgrader's late_submission_penalty again, beside the times that explain it). Only on a
+    class's hub (a server time known): a learner's grades.csv stays nbgrader's."""
+    if not report.late:
+        return
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    extra = ["received", "due", "late_by", "late_policy", "penalty"]
+    columns = [c for c in (list(rows[0]) if rows else ["assignment", "student_id"]) if c not in extra] + extra
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, columns, lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            when, penalty = report.late.get((row.get("student_id"), row.get("assignment")), (None, None))
+            writer.writerow({**row, **(when.csv_fields(penalty) if when else dict.fromkeys(extra, ""))})
 
 
 def _class_report(course: Course, record: dict, log, language: str) -> None:
@@ -841,18 +951,18 @@ def _check_isolation(course: Course, iso) -> dict:
         return {"the probe ran": (False, f"{type(exc).__name__}: {exc}")}
 
 
-def _merge(course: Course, gb, result: dict, report: Report) -> None:
-    """One job's result into the course: gradebook rows, autograded notebook, feedback, report."""
+def _merge(course: Course, gb, result: dict, report: Report, when=None) -> None:
+    """One job's result into the course: gradebook rows, autograded notebook, feedback, report.
+    `when`: the submission's schedule.SubmissionTime (None without a server time)."""
     import warnings
 
-    student, chapter = result["student"], result["chapter"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SQLAlchemy's autoflush notices from nbgrader's api
-        _merge_rows(gb, result)
+        _merge_rows(gb, result, when)
     _merge_files(course, result, report)
 
 
-def _merge_rows(gb, result: dict) -> None:
+def _merge_rows(gb, result: dict, when=None) -> None:
     student, chapter = result["student"], result["chapter"]
     gb.update_or_create_student(student)
     gb.update_or_create_submission(chapter, student)
@@ -865,6 +975,11 @@ def _merge_rows(gb, result: dict) -> None:
         grade.needs_manual_grade = False
     for comment in nb.comments:
         comment.auto_comment = result["comments"].get(comment.name) or None
+    if when is not None:  # the server's time, this student's extension, the job's penalty
+        deadline = when.deadline
+        extension = deadline.due - deadline.class_due if deadline and deadline.extended else None
+        gb.update_or_create_submission(chapter, student, timestamp=when.received.received, extension=extension)
+        nb.late_submission_penalty = result.get("late_penalty")
     gb.db.commit()
 
 
@@ -906,8 +1021,9 @@ def _export(course: Course, report: Report, chapters: list[str], students: list[
         with open(course.root / "autograder" / "grades.csv", "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["assignment", "student_id", "score", "max_score"])
-            for (student, chapter), (score, max_score) in sorted(report.scores.items()):
-                writer.writerow([chapter, student, score, max_score])
+            for key in sorted(report.scores):
+                writer.writerow([key[1], key[0], *report.final(key)])
+    _add_time_columns(course.root / "autograder" / "grades.csv", report)
     _write_report(course, report, chapters, students)
 
 
@@ -919,7 +1035,7 @@ def _write_report(course: Course, report: Report, chapters: list[str], students:
         for student in students:
             for chapter in chapters:
                 if (student, chapter) in report.scores:
-                    score, max_score = report.scores[(student, chapter)]
+                    score, max_score = report.final((student, chapter))  # after any late penalty, as grades.csv
                     writer.writerow([student, chapter, score, max_score, " | ".join(report.notes.get((student, chapter), []))])
 
 
@@ -930,7 +1046,7 @@ def format_table(report: Report, chapters: list[str], students: list[str]) -> st
     for s in students:
         cells = []
         for c, w in zip(chapters, cols):
-            score = report.scores.get((s, c))
+            score = report.final((s, c)) if (s, c) in report.scores else None
             text = "-" if score is None else f"{score[0]:g}/{score[1]:g}" + ("*" if (s, c) in report.notes else "")
             cells.append(text.ljust(w))
         lines.append(s.ljust(width) + "".join(cells))
@@ -975,8 +1091,12 @@ def main(argv=None) -> int:
     if not students:
         print(f"no submissions under {course.submitted}: put them in {course.submitted}/STUDENT/CHAPTER/CHAPTER.ipynb")
         return 0
-    report = grade(course, args.cell_timeout, jobs=args.jobs, scheduler=args.scheduler,
-                   isolation_mode=args.isolation, log=lambda text: print(text, flush=True), regrade_all=args.all)
+    try:
+        report = grade(course, args.cell_timeout, jobs=args.jobs, scheduler=args.scheduler,
+                       isolation_mode=args.isolation, log=lambda text: print(text, flush=True), regrade_all=args.all)
+    except schedule_module().ScheduleError as exc:  # nothing was graded
+        print(f"make grade: {exc}", file=sys.stderr)
+        return 1
     graded = [c for c in course.chapters() if any((s, c) in report.scores for s in students)]
     print(format_table(report, graded, students))  # the chapters someone submitted, not all twelve
     print(f"\n{report.isolation}")

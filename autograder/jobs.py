@@ -19,8 +19,10 @@ kit, built by course.py from the grader's own release), so it runs the same way 
    when the run called another test's hidden reference, or ended while collecting an earlier test
    (autograder/rerun.py);
 4. applies the grading policy (autograder/policy.py, through judging.py) and writes the final
-   scores into its private gradebook, so that `nbgrader generate_feedback` (with
-   autograder/feedback.py) shows them;
+   scores into its private gradebook, with the late penalty when the submission has a server time
+   and a due date (`JobSpec.late`: nbgrader's timestamp is the server's, never the student's own
+   timestamp.txt, and feedback.LatePenalty is the chapter's late policy), so that `nbgrader
+   generate_feedback` (with autograder/feedback.py) shows them;
 5. returns scores, notes, the autograded notebook, the feedback page and the time of each phase.
 
 nbgrader runs in one process per job (autograder/driver.py: its configuration, the process, the
@@ -114,6 +116,9 @@ class JobSpec:
     cache_dir: str | None = None
     isolation: str = "auto"
     notebook_timeout: int | None = None
+    # deploy/hub/schedule.py SubmissionTime.for_job(): received, due (nbgrader's UTC format; due None
+    # when the chapter has none), policy, notice {language: line}; None: no server time (no penalty)
+    late: dict | None = None
 
 
 # -- the job ----------------------------------------------------------------------------------------
@@ -262,7 +267,31 @@ class _Job:
         notebook.parent.mkdir(parents=True, exist_ok=True)
         notebook.write_text(json.dumps(self.clean.notebook))
         (self.course / "nbgrader_config.py").write_text(
-            driver.nbgrader_config(self.course, self.kit, self.spec.cell_timeout, self.language))
+            driver.nbgrader_config(self.course, self.kit, self.spec.cell_timeout, self.language) + self._late_config())
+        if self.spec.late:
+            self._stamp(notebook.parent)
+
+    def _late_config(self) -> str:
+        """The chapter's late policy as nbgrader's late-submission plugin, and the feedback page's line
+        saying when the server received the submission (in the submission's language)."""
+        late = self.spec.late
+        if not late:
+            return ""
+        notice = late.get("notice", {})
+        return (f'c.AssignLatePenalties.plugin_class = "feedback.LatePenalty"\n'
+                f"c.LatePenalty.policy = {late.get('policy') or 'none'!r}\n"
+                f"c.SafeOutputs.notice = {notice.get(self.language) or notice.get(ENGLISH, '')!r}\n")
+
+    def _stamp(self, folder: Path) -> None:
+        """The server's time as the submission's timestamp.txt and this student's due date (with any
+        extension) as the assignment's, in the job's private course: nbgrader's autograde computes
+        how late it is from them. The student's own timestamp.txt never reaches the job."""
+        from nbgrader.api import Gradebook
+
+        (folder / "timestamp.txt").write_text(self.spec.late["received"])
+        if self.spec.late.get("due"):
+            with Gradebook("sqlite:///" + str(self.course / "gradebook.db"), self.kit.course_id) as gb:
+                gb.update_or_create_assignment(self.kit.chapter, duedate=self.spec.late["due"])
 
     def _nbgrader_env(self) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "PYTHONPATH", "COURSE_"))}
@@ -536,8 +565,21 @@ class _Job:
             for comment in nb.comments:
                 if comment.name in comments:
                     comment.auto_comment = judging.public("\n".join(comments[comment.name]), self.kit.secrets)
+            if self.spec.late:
+                self.result["late_penalty"] = self._late_penalty(gb, nb)
             del sub
             gb.db.commit()
+
+    def _late_penalty(self, gb, nb) -> float | None:
+        """The penalty on the final scores: nbgrader's AssignLatePenalties computed one on the kernel's
+        scores, which the grader's verdicts replaced (a cutoff takes what is left). The timestamp is set
+        again here: nbgrader's run may have failed before it recorded one."""
+        sub = gb.update_or_create_submission(self.kit.chapter, STUDENT, timestamp=self.spec.late["received"])
+        score = sum(float(g.auto_score or 0) for g in nb.grades)
+        plugin = feedback.LatePenalty(policy=self.spec.late.get("policy") or "none")
+        late = sub.total_seconds_late
+        nb.late_submission_penalty = plugin.late_submission_penalty(STUDENT, score, late) if late > 0 else None
+        return nb.late_submission_penalty
 
 
 def _grading_mode(notebook: dict, skipped_sources: list[str]) -> None:

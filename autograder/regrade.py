@@ -9,7 +9,10 @@ os.replace): a reader sees the old record or the new one, never half of one. It 
 * `grading`: the digest of everything else its grade depends on: the chapter's kit digest
   (course.kit_digest: the solution and its Chinese text, the grader's code, the library, nbgrader's
   version), the cell timeout, the sandbox limits, the isolation mode and the versions of Python,
-  torch and numpy that the sandboxes run;
+  torch and numpy that the sandboxes run; and, for a submission with a server time
+  (autograder/received.json), that time, its due date with any extension and the late policy
+  (deploy/hub/schedule.py SubmissionTime.digest_part): an extension granted after grading grades that
+  submission again, so its gradebook row and feedback page lose the penalty;
 * `score`, `max_score` and `notes`: exactly what the grade put in report.csv for it;
 * `result`: the job's judged result (jobs.grade_job's dict) without the autograded notebook, the
   feedback page and the log, which live in their own files: status, scores per test, the report's
@@ -64,8 +67,10 @@ def submission_digest(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
-def grading_digest(kit_digest: str, cell_timeout, limits: dict | None, isolation: str) -> str:
-    """The digest of what a grade depends on besides the submission."""
+def grading_digest(kit_digest: str, cell_timeout, limits: dict | None, isolation: str,
+                   deadline: dict | None = None) -> str:
+    """The digest of what a grade depends on besides the submission. `deadline` only for a submission
+    with a server time: without one the digest is what it always was."""
     from importlib import metadata
 
     def version(name: str) -> str:
@@ -76,6 +81,8 @@ def grading_digest(kit_digest: str, cell_timeout, limits: dict | None, isolation
 
     parts = {"kit": kit_digest, "cell_timeout": cell_timeout, "limits": limits or {}, "isolation": isolation,
              "python": sys.version, "torch": version("torch"), "numpy": version("numpy")}
+    if deadline is not None:
+        parts["deadline"] = deadline
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 

@@ -2,7 +2,9 @@
 submissions new or changed since its last run; the others keep their grades and feedback
 (autograder/regrade.py). One class of three on chapter 02, graded six times over: from scratch, after
 a resubmission, with the record's digest of a notebook tampered, unchanged (one submission deleted),
-with --all and with a corrupted record."""
+with --all and with a corrupted record. The class has deadlines (deploy/hub/schedule.py, and
+tests/test_deadlines.py for the rest): alice's submission reached the exchange 1 h 30 min late although
+her timestamp.txt claims it was early, carol's as late but within her extension, bob's on time."""
 
 import csv
 import json
@@ -54,10 +56,50 @@ def _record(course):
     return json.loads((course.root / "autograder" / "graded.json").read_text())
 
 
+def _deadlines(course):
+    """02 due 23:59 +08:00 (15:59 UTC), 2 points per started hour late; carol's extension a day later;
+    the exchange's times in autograder/received.json, as make collect writes it."""
+    (course.root / "deploy" / "hub").mkdir(parents=True)
+    (course.root / "deploy" / "hub" / "schedule.csv").write_text(
+        f"chapter,due,late_policy\n{CHAPTER},2027-03-01 23:59 +08:00,per-hour:2\n")
+    (course.root / "deploy" / "hub" / "extensions.csv").write_text(
+        f"login,chapter,due\ncarol,{CHAPTER},2027-03-02 23:59 +08:00\n")
+    times = {"alice": ("2027-03-01 17:29:00.000000 UTC", "2027-03-01 10:00:00.000000 UTC"),
+             "carol": ("2027-03-01 17:29:00.000000 UTC", "2027-03-01 17:29:00.000000 UTC"),
+             "bob": ("2027-03-01 15:00:00.000000 UTC", "2027-03-01 15:00:00.000000 UTC")}
+    (course.root / "autograder" / "received.json").write_text(json.dumps({"submissions": {
+        s: {CHAPTER: {"received": r, "claimed": c, "entry": f"{s}+{CHAPTER}+{c}+x"}} for s, (r, c) in times.items()}}))
+
+
+def _check_deadlines(course, full):
+    """alice pays 4 points (two started hours) in the gradebook, grades.csv, report.csv and on her page,
+    and her forged timestamp.txt is named; carol's extension spares her alone; bob was on time."""
+    grades, report = _rows(course, "grades.csv", "student_id"), _rows(course, "report.csv", "student")
+    alice = grades["alice"]
+    assert float(alice["late_submission_penalty"] or 0) == 4.0 and float(alice["score"]) == full - 4, alice
+    assert (alice["received"], alice["late_by"], alice["penalty"]) == ("2027-03-02 01:29:00 +08:00", "1:30:00", "4")
+    assert float(report["alice"]["score"]) == full - 4
+    assert "timestamp.txt claims '2027-03-01 10:00:00.000000 UTC'" in report["alice"]["notes"]
+    assert "late by 1 h 30 min" in report["alice"]["notes"]
+    for student in ("bob", "carol"):
+        assert (grades[student]["late_by"], float(grades[student]["late_submission_penalty"] or 0)) == ("", 0.0)
+        assert "late by" not in report[student]["notes"] and "timestamp.txt" not in report[student]["notes"]
+    assert grades["carol"]["due"] == "2027-03-02 23:59 +08:00"
+    with Gradebook(course.db_url, "transformer-course") as gb:
+        late, kept = gb.find_submission(CHAPTER, "alice"), gb.find_submission(CHAPTER, "carol")
+        assert late.late_submission_penalty == 4.0 and late.total_seconds_late == 5400
+        assert str(late.timestamp) == "2027-03-01 17:29:00" and kept.total_seconds_late == 0
+    page = _page(course, "alice").read_text()
+    assert "Late submission penalty (Score: -4.0)" in page and "late by 1 h 30 min" in page
+    page = _page(course, "carol").read_text()
+    assert "Late submission penalty" not in page and "(your extension): on time" in page
+
+
 def test_a_regrade_grades_only_what_changed(tmp_path):
     course = scratch_course(tmp_path / "course", [CHAPTER])
     for student, nb in zip(STUDENTS, (solution(CHAPTER), released(CHAPTER), solution(CHAPTER))):
         _submit(course, student, nb)
+    _deadlines(course)
 
     # 1. From scratch: no record yet, every submission graded.
     first, log = _grade(course)
@@ -73,6 +115,7 @@ def test_a_regrade_grades_only_what_changed(tmp_path):
     assert "feedback" not in bob["result"] and "autograded" not in bob["result"]
     pages = {s: (_page(course, s).stat().st_mtime_ns, _page(course, s).read_bytes()) for s in STUDENTS}
     report_rows = _rows(course, "report.csv", "student")
+    _check_deadlines(course, full)
 
     # 2. bob resubmits, now with the solution: he alone is graded; alice and carol keep everything.
     _submit(course, "bob", solution(CHAPTER))
@@ -89,6 +132,7 @@ def test_a_regrade_grades_only_what_changed(tmp_path):
     assert set(rows) == set(STUDENTS) and float(rows["bob"]["score"]) == full and rows["bob"]["notes"] == ""
     assert rows["alice"] == report_rows["alice"] and rows["carol"] == report_rows["carol"]
     assert _record(course)["submissions"]["bob"][CHAPTER]["score"] == full
+    _check_deadlines(course, full)  # alice and carol kept: their times, penalty and notes with them
 
     # 3. The record's digest of carol's notebook no longer matches her file: she is graded again.
     tampered = _record(course)

@@ -71,7 +71,7 @@ def hub():
     instructor, alice, wang, absent = suffixed("ti", "ta", "tz", "tj")
     hub = start_class([(instructor, "Test Instructor", "instructor", "en"), (alice, "Alice Martin", "student", "en"),
                        (wang, "王小明", "student", "zh"), (absent, "Never Logged In", "instructor", "en")],
-                      extra_config=LIMITS)
+                      extra_config=LIMITS, answers="hidden")
     hub.instructor, hub.alice, hub.wang, hub.absent = instructor, alice, wang, absent
     hub.cgroups = cgroups_of(hub.process.pid)  # the course's cgroups go under the hub's own
     try:
@@ -265,6 +265,29 @@ def submitted(hub):
         proc = hub.nbgrader(login, "submit", CHAPTER)
         assert proc.returncode == 0, proc.stderr
     return hub
+
+
+def test_with_hidden_answers_a_student_cannot_read_a_reference_answer(submitted):
+    """`make hub ANSWERS=hidden` (this class): the servers import a library whose graded answers are
+    stubs; the course's own library is closed. softmax is chapter 02's exercise 3."""
+    hub = submitted
+    library = Path(json.loads((hub.state / "class.json").read_text())["servers_prefix"])
+    attention = next(library.glob("lib/python3*/site-packages/transformer_lib/attention.py"))
+    for command in (["cat", str(hub.course / "transformer_lib" / "attention.py")],
+                    ["ls", str(hub.course / "transformer_lib")]):
+        proc = hub.as_user(hub.alice, *command)
+        assert proc.returncode != 0 and "Permission denied" in proc.stderr, (command, proc.stdout[:200])
+    # Neither its source line nor its docstring (kept in bytecode too) is anywhere in the servers' library.
+    for text in ("x.amax(dim=dim, keepdim=True)", "Numerically stable softmax"):
+        proc = hub.as_user(hub.alice, "grep", "-rlF", text, str(attention.parent))
+        assert proc.returncode == 1 and not proc.stdout, (text, proc.stdout, proc.stderr)
+    hub.start_server(hub.alice)
+    kernel = Kernel(hub, hub.alice)
+    try:
+        out = kernel.run("import inspect, transformer_lib.attention as a\nprint(inspect.getsource(a.softmax))")
+    finally:
+        kernel.close()
+    assert out["error"] is None and "hidden" in out["stdout"] and "exp(" not in out["stdout"], out
 
 
 def test_a_student_cannot_read_anothers_work_or_the_solutions(submitted):

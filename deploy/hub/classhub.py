@@ -52,6 +52,7 @@ sys.path.insert(0, str(HERE))
 import course_exchange  # noqa: E402
 import exchange as exchange_rules  # noqa: E402
 import passwords  # noqa: E402
+import schedule as deadlines  # noqa: E402
 import servers  # noqa: E402
 from roster import Person, RosterError, read_roster  # noqa: E402
 
@@ -402,10 +403,16 @@ def _verified_exchange(hub: dict) -> Path:
 def release(args) -> int:
     hub = load_class()
     wanted = _wanted(args.chapters)
-    _verified_exchange(hub)
+    exchange = _verified_exchange(hub)
+    students = {p["login"] for p in hub["people"] if p["role"] == "student"}
+    dates = deadlines.load(ROOT, chapters(), students)  # a bad row stops the release before anything changes
     for language, (course_id, folder) in EDITIONS.items():
         present = [c for c in wanted if (ROOT / folder / c / f"{c}.ipynb").is_file()]
-        exchange_step("release", language, present, Path(hub["exchange"]))
+        exchange_step("release", language, present, exchange)
+        # nbgrader's Assignments tab has no place for a due date: the first cell of the fetched copy says it
+        for chapter in present:
+            deadlines.stamp_release(exchange / course_id / "outbound" / chapter / f"{chapter}.ipynb",
+                                    dates.deadline(chapter), language)
         print(f"released to {course_id}: {', '.join(present)}")
     return 0
 
@@ -615,7 +622,7 @@ def main(argv=None) -> int:
             return 0
         return {"serve": serve, "release": release, "collect": collect, "feedback": feedback,
                 "remove-accounts": remove, "reset-password": reset_password}[args.step](args)
-    except (ClassError, RosterError) as exc:
+    except (ClassError, RosterError, deadlines.ScheduleError) as exc:
         print(f"{Path(sys.argv[0]).name if argv is None else 'classhub'}: {exc}", file=sys.stderr)
         return 1
 
