@@ -534,6 +534,21 @@ def test_nobody_becomes_someone_else(hub, browser, tmp_path):
         subprocess.run(["userdel", staff], check=True)
 
 
+def test_root_never_follows_a_students_link_into_their_home(hub):
+    """The hub puts START.md in a student's home as root: a link left there in its place (to a file
+    root would create, here a path in the test's own folder) must be neither followed nor chowned."""
+    home = Path(pwd.getpwnam(hub.alice).pw_dir)
+    target = hub.base / "made-by-root-through-a-link"
+    hub.as_user(hub.alice, "rm", "-f", str(home / "START.md"))
+    assert hub.as_user(hub.alice, "ln", "-s", str(target), str(home / "START.md")).returncode == 0
+    hub.api("DELETE", f"/hub/api/users/{hub.alice}/server")
+    wait_for("the server stopped", lambda: not hub.api("GET", f"/hub/api/users/{hub.alice}")[1].get("servers"), 60)
+    hub.start_server(hub.alice)  # the hub's pre-spawn step runs again
+    assert not os.path.lexists(target), "root followed the student's link"
+    assert (home / "START.md").is_symlink()
+    hub.as_user(hub.alice, "rm", "-f", str(home / "START.md"))
+
+
 # -- one student cannot take the class down (deploy/hub/limits.py) ----------------------------------------
 #
 # Every attack is bounded: the bomb forks at most 400 sleeping children for at most 8 s and kills them,

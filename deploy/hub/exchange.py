@@ -146,9 +146,9 @@ def _walk(folder_fd: int, prefix: str, uid: int, limits: Limits, found: dict, de
         info = os.stat(item, dir_fd=folder_fd, follow_symlinks=False)
         kind = stat.S_IFMT(info.st_mode)
         if kind in _KINDS:
-            raise SetAside(f"it holds {_KINDS[kind]} ({where})")
+            raise SetAside(f"it holds {_KINDS[kind]} ({_shown(where)})")
         if info.st_uid != uid:
-            raise SetAside(f"it holds {where}, which belongs to {_name(info.st_uid)}")
+            raise SetAside(f"it holds {_shown(where)}, which belongs to {_name(info.st_uid)}")
         if len(found) + 1 > limits.max_files:
             raise SetAside(f"it holds more than {limits.max_files} files")
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
@@ -164,7 +164,7 @@ def _walk(folder_fd: int, prefix: str, uid: int, limits: Limits, found: dict, de
         try:
             opened = os.fstat(fd)
             if (opened.st_ino, opened.st_dev) != (info.st_ino, info.st_dev) or not stat.S_ISREG(opened.st_mode):
-                raise SetAside(f"{where} changed while it was being read")
+                raise SetAside(f"{_shown(where)} changed while it was being read")
             budget = limits.max_bytes - sum(len(v) for v in found.values())
             with os.fdopen(os.dup(fd), "rb") as f:
                 content = f.read(budget + 1)
@@ -208,6 +208,11 @@ def read_entry(inbound_fd: int, name: str, uid_of: dict[str, int], limits: Limit
 
 
 # -- collecting --------------------------------------------------------------------------------------
+
+
+def _shown(name: str) -> str:
+    """A student's file name as one line of the instructor's terminal (no newline or escape in it)."""
+    return name if name.isprintable() else ascii(name)
 
 
 def _set_aside(inbound: Path, name: str, aside: Path) -> Path:
@@ -269,7 +274,7 @@ def collect_safely(exchange_root: Path, course_id: str, chapters: list[str], uid
             except (SetAside, OSError) as exc:
                 why = str(exc) if isinstance(exc, SetAside) else f"it could not be read ({exc.strerror})"
                 where = _set_aside(inbound, name, aside)
-                lines.append(f"set aside {course_id}/inbound/{name}: {why} (now in {where.parent})")
+                lines.append(f"set aside {course_id}/inbound/{_shown(name)}: {why} (now in {where.parent})")
                 continue
             key = (entry.student, entry.chapter)
             if key not in newest or entry.received > newest[key].received:

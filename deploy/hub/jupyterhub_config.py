@@ -20,7 +20,6 @@ course, the exchange, the port) and sets:
 import json
 import os
 import pwd
-import shutil
 import sys
 from pathlib import Path
 
@@ -93,6 +92,25 @@ def start_page(language: str) -> Path:
     return ROOT / "deploy" / "hub" / ("start.zh.md" if language == "zh" else "start.md")
 
 
+def give_start_page(account, source: Path) -> None:
+    """Put the start page in a student's home unless something is already there. Root writes into a
+    folder the student owns: never through a link they made (O_CREAT|O_EXCL fails on any existing
+    name, a dangling link included, and chown acts on the open file, not on a path)."""
+    try:
+        home = os.open(account.pw_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        fd = os.open("START.md", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=home)
+    except OSError:
+        return  # something of theirs is there already (a file, a folder, a link)
+    finally:
+        os.close(home)
+    with os.fdopen(fd, "wb") as page:
+        os.fchown(fd, account.pw_uid, account.pw_gid)
+        page.write(source.read_bytes())
+
+
 def prepare_server(spawner):
     """Pick the person's kind of server, and give a student's home its start page."""
     person = PEOPLE[spawner.user.name]
@@ -106,11 +124,7 @@ def prepare_server(spawner):
         spawner.notebook_dir = "~"
         spawner.default_url = "/lab/tree/START.md"
         spawner.environment["COURSE_LANG"] = person["language"]
-        account = pwd.getpwnam(person["login"])
-        page = Path(account.pw_dir) / "START.md"
-        if not page.exists():
-            shutil.copyfile(start_page(person["language"]), page)
-            os.chown(page, account.pw_uid, account.pw_gid)
+        give_start_page(pwd.getpwnam(person["login"]), start_page(person["language"]))
     # The role's configuration first; then the servers' venv's own (which turns JupyterLab and
     # nbgrader's server extensions on).
     spawner.environment["JUPYTER_CONFIG_PATH"] = os.pathsep.join([str(config), str(SERVERS / "etc" / "jupyter")])
