@@ -231,9 +231,10 @@ def _exists(login: str) -> bool:
 
 
 
-def start_class(people: list[tuple[str, str, str, str]], extra_config: str = "", answers: str = "visible") -> Hub:
-    """people: (login, name, role, language) with logins already suffixed; see `suffixed`. answers:
-    `make hub ANSWERS=...`."""
+def start_class(people: list[tuple[str, str, str, str]], extra_config: str = "", answers: str = "visible",
+                hide: str = "") -> Hub:
+    """people: (login, name, role, language) with logins already suffixed; see `suffixed`. answers,
+    hide: `make hub ANSWERS=... HIDE=...`."""
     base = Path(tempfile.mkdtemp(prefix="course-hub-"))
     os.chmod(base, 0o755)
     hub = Hub(base, people[0][0][-6:])
@@ -254,7 +255,7 @@ c.JupyterHub.load_roles = [{{"name": "class-test", "services": ["class-test"],
     hub.process = subprocess.Popen(
         [sys.executable, str(hub.course / "deploy" / "hub" / "classhub.py"), "serve", "--roster", str(roster),
          "--ip", "127.0.0.1", "--port", str(hub.port), "--hub-port", str(hub.hub_port),
-         "--proxy-api-port", str(hub.api_port), "--answers", answers],
+         "--proxy-api-port", str(hub.api_port), "--answers", answers, "--hide", hide],
         env=hub.env, stdout=hub.log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120

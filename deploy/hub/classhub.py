@@ -248,10 +248,23 @@ def proxy_command() -> Path:
     return HERE / "state" / "proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
 
 
+NODE_MAJOR = 20  # configurable-http-proxy 5.3.0's package.json: "engines": {"node": ">= 20"}
+
+
 def ensure_proxy() -> Path:
     if not shutil.which("node") or not shutil.which("npm"):
         raise ClassError("make hub needs Node.js and npm for JupyterHub's proxy (configurable-http-proxy): "
                          "install them first, e.g. `apt-get install nodejs npm`")
+    # npm installs the proxy on an older Node with a warning its --silent hides, and the hub then fails
+    version = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
+    try:
+        major = int(version.lstrip("v").split(".")[0])
+    except ValueError:
+        major = 0
+    if major < NODE_MAJOR:
+        raise ClassError(f"JupyterHub's proxy (configurable-http-proxy {PROXY_VERSION}) needs Node.js {NODE_MAJOR} or "
+                         f"newer, and `node --version` says {version or 'nothing'}: install Node.js {NODE_MAJOR} (README, "
+                         "Running a class: what the server needs)")
     command = proxy_command()
     if not command.exists():
         _run("npm", "install", "--no-audit", "--no-fund", "--silent", "--prefix", str(command.parents[2]),
@@ -259,25 +272,26 @@ def ensure_proxy() -> Path:
     return command
 
 
-def _student_library(answers: str):
+def _student_library(answers: str, hide: list[str]):
     """What writes transformer_lib into the servers' venv: the whole library, or (hidden answers) the
-    grader's copy without any graded exercise's reference."""
+    grader's copy without the graded exercises' references (of the chapters `hide`, or all)."""
     if answers == "visible":
         return None
     sys.path.insert(0, str(ROOT / "autograder"))
     import hiding
 
-    return lambda site: hiding.build_student_library(site)
+    return lambda site: hiding.build_student_library(site, chapters=hide or None)
 
 
 def setup(roster: Path, port: int, ip: str, spawner: str, auth: str, hub_port: int = 8081,
-          proxy_api_port: int = 8001, answers: str = "visible") -> dict:
+          proxy_api_port: int = 8001, answers: str = "visible", hide: list[str] = ()) -> dict:
     """Everything `make hub` prepares before JupyterHub starts; returns the class description that
     deploy/hub/jupyterhub_config.py reads."""
     if os.geteuid() != 0:
         raise ClassError("make hub must run as root (sudo make hub ROSTER=...): each student's server runs as "
                          "that student's own Unix account, which only root can start")
     people = read_roster(roster)  # before anything is changed
+    hide = _wanted(list(hide)) if hide else []
     if not servers.others_can_enter(ROOT):
         raise ClassError(f"the course is in {ROOT}, which other accounts cannot enter (the instructors' servers open "
                          "it): clone it where every account can pass, e.g. `git clone ... /srv/transformer-course-src`, "
@@ -292,8 +306,9 @@ def setup(roster: Path, port: int, ip: str, spawner: str, auth: str, hub_port: i
     exchange = exchange_dir()
     try:
         exchange_rules.prepare(exchange, course_ids())
-        python = servers.build(Path(sys.executable).parent.parent, ROOT / "transformer_lib", answers == "hidden",
-                               _student_library(answers))
+        python = servers.build(Path(sys.executable).parent.parent, ROOT / "transformer_lib",
+                               f"hidden:{','.join(hide) or 'all'}" if answers == "hidden" else "visible",
+                               _student_library(answers, hide))
     except (exchange_rules.ExchangeError, servers.ServersError) as exc:
         raise ClassError(str(exc)) from None
     new = ensure_accounts(people, secret / "created-accounts.json")
@@ -313,7 +328,8 @@ def setup(roster: Path, port: int, ip: str, spawner: str, auth: str, hub_port: i
     os.chmod(class_file(), 0o600)
     students = sum(not p.is_instructor for p in people)
     print(f"class: {students} students, {len(people) - students} instructors from {roster}"
-          f" ({len(new)} Unix accounts created); exchange {exchange}; hub state {state}; answers {answers}")
+          f" ({len(new)} Unix accounts created); exchange {exchange}; hub state {state}; answers {answers}"
+          + (f" ({', '.join(hide) if hide else 'every chapter'})" if answers == "hidden" else ""))
     if given:
         print(f"first passwords for {len(given)} people in {secret / 'first-passwords.csv'} (root only): hand each "
               "person theirs; they change it at /hub/auth/change-password")
@@ -322,7 +338,7 @@ def setup(roster: Path, port: int, ip: str, spawner: str, auth: str, hub_port: i
 
 def serve(args) -> int:
     setup(Path(args.roster), args.port, args.ip, args.spawner, args.auth, args.hub_port, args.proxy_api_port,
-          args.answers)
+          args.answers, [c for c in args.hide.split(",") if c])
     env = dict(os.environ, HUB_STATE=str(state_dir()))
     os.chdir(state_dir() / "secrets")
     hub = Path(sys.executable).parent / "jupyterhub"
@@ -566,10 +582,12 @@ def feedback(args) -> int:
                 shutil.copyfile(folder / name, page.parent / name)
             ready[person["language"]].setdefault(chapter, []).append(login)
     released = 0
+    # nbgrader's release_feedback takes every page under autograder/feedback/*/<chapter>/: everyone whose
+    # page is not ready here (the other edition, resubmitted since grading, off the roster) is excluded
+    everyone = set(people) | ({p.name for p in pages.iterdir() if p.is_dir()} if pages.is_dir() else set())
     for language, by_chapter in ready.items():
-        everyone_else = [login for login, p in people.items() if p["language"] != language]
         for chapter, logins in sorted(by_chapter.items()):
-            exchange_step("feedback", language, [chapter], Path(hub["exchange"]), exclude=everyone_else)
+            exchange_step("feedback", language, [chapter], Path(hub["exchange"]), exclude=sorted(everyone - set(logins)))
             released += len(logins)
     print(f"feedback released: {released} pages")
     return 0
@@ -605,6 +623,7 @@ def main(argv=None) -> int:
     hub.add_argument("--auth", choices=["firstuse", "lti13"], default="firstuse")
     hub.add_argument("--answers", choices=ANSWERS, default="visible",
                      help="visible: students' servers hold the reference library; hidden: without the graded answers")
+    hub.add_argument("--hide", default="", help="with --answers hidden: only these chapters' answers (comma-separated; default all)")
     check = sub.add_parser("check-roster", help="read a roster and say what is wrong with it")
     check.add_argument("roster")
     for name in ("release", "collect", "feedback"):

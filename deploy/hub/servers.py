@@ -53,11 +53,14 @@ def _site_packages(prefix: Path) -> Path:
     return prefix / Path(sysconfig.get_path("purelib", vars={"base": str(prefix)})).relative_to(prefix)
 
 
-def _digest(venv_site: Path, library: Path, hidden: bool) -> str:
-    digest = hashlib.sha256(f"{sys.version}\0hidden={hidden}\0".encode())
+def _digest(venv_site: Path, library: Path, answers: str) -> str:
+    digest = hashlib.sha256(f"{sys.version}\0answers={answers}\0".encode())
     for entry in sorted(os.scandir(venv_site), key=lambda e: e.name):
         digest.update(f"{entry.name}\0{entry.stat(follow_symlinks=False).st_mtime_ns}\0".encode())
-    for path in sorted([*library.rglob("*.py"), *library.rglob("*.toml"), *library.rglob("*.gz"), HERE / "course_exchange.py"]):
+    files = [*library.rglob("*.py"), *library.rglob("*.toml"), *library.rglob("*.gz"), HERE / "course_exchange.py"]
+    if answers != "visible":  # which answers are hidden follows the solutions' graded tests
+        files += library.parent.glob("solutions/*/*.ipynb")
+    for path in sorted(files):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -80,18 +83,18 @@ def _link_tree(source: Path, target: Path, skip: Callable[[str], bool] = lambda 
                 shutil.copy2(entry.path, destination)
 
 
-def build(venv: Path, library: Path, hidden: bool = False,
+def build(venv: Path, library: Path, answers: str = "visible",
           write_library: Callable[[Path], None] | None = None) -> Path:
     """The servers' venv for the course venv `venv` (its prefix) and the library folder `library`;
     returns its python. `write_library(site_packages)` writes transformer_lib there (default: a
-    copy of `library`, answers included)."""
+    copy of `library`, answers included); `answers` names what it writes, so another gives another venv."""
     base = servers_dir()
     base.mkdir(mode=0o755, parents=True, exist_ok=True)
     if not others_can_enter(base):
         raise ServersError(f"the servers' folder {base} is not reachable by every account (a folder on its way "
                            "is closed): set HUB_SERVERS to a folder under /srv or /opt")
     venv_site = _site_packages(venv)
-    target = base / f"python-{_digest(venv_site, library, hidden)}"
+    target = base / f"python-{_digest(venv_site, library, answers)}"
     python = target / "bin" / "python"
     if not (target / ".complete").exists():
         work = base / f".building-{os.getpid()}"
