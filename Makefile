@@ -35,7 +35,8 @@ FORCE    ?=
 test test-fast test-python notebooks grade: export OMP_NUM_THREADS = 1
 
 
-.PHONY: help venv venv-grade venv-hub venv-test browser sandbox lab formgrader test test-fast test-python notebooks release grade check clean-grading hub hub-release collect hub-feedback hub-remove-accounts hub-reset-password
+.PHONY: help venv venv-grade venv-hub venv-test browser sandbox lab formgrader test test-fast test-python notebooks release grade check clean-grading hub hub-release collect hub-feedback hub-remove-accounts hub-reset-password \
+        hub-backup hub-prune grades-lms
 
 help:
 	@echo "make lab        the learner's JupyterLab on chapters/ (sets up .venv first)"
@@ -48,6 +49,10 @@ help:
 	@echo "                only what is new or changed since the last run; FORCE=1 grades everything again"
 	@echo "sudo make hub ROSTER=roster.csv   a class's JupyterHub on this server (deploy/hub; README: Running a class)"
 	@echo "sudo make hub-release | collect | hub-feedback   the term's steps through nbgrader's exchange (CHAPTERS=...)"
+	@echo "sudo make hub-reset-password LOGIN=...   a new first password for one person"
+	@echo "sudo make hub-backup    one tarball of the term (grades, submissions, hub state, exchange, homes) in BACKUP_DIR"
+	@echo "sudo make hub-prune     old resubmissions out of the exchange's inbound/ (kept: the newest and the collected one)"
+	@echo "make grades-lms         autograder/grades-canvas.csv and grades-moodle.csv for your LMS's grade import"
 
 # Three installs from pyproject.toml, each a superset of the one before: the learner's lab
 # (`make lab`: the course and JupyterLab), the grader's (`make grade`: + Dask), the maintainer's
@@ -160,9 +165,10 @@ HUB_PORT ?= 8000
 SPAWNER  ?= local
 AUTH     ?= firstuse
 ANSWERS  ?= visible
+HIDE     ?=
 hub: venv-hub sandbox
 	@test -n "$(ROSTER)" || { echo "make hub needs ROSTER=path/to/roster.csv (columns login,name,role,language; see deploy/hub/roster.example.csv)"; exit 1; }
-	$(PY) deploy/hub/classhub.py serve --roster $(ROSTER) --port $(HUB_PORT) --spawner $(SPAWNER) --auth $(AUTH) --answers $(ANSWERS)
+	$(PY) deploy/hub/classhub.py serve --roster $(ROSTER) --port $(HUB_PORT) --spawner $(SPAWNER) --auth $(AUTH) --answers $(ANSWERS) $(if $(HIDE),--hide $(HIDE),)
 
 hub-release: venv-hub
 	$(PY) deploy/hub/classhub.py release $(CHAPTERS)
@@ -174,6 +180,7 @@ hub-feedback: venv-hub
 	$(PY) deploy/hub/classhub.py feedback $(CHAPTERS)
 
 hub-remove-accounts:
+	@$(GUARD) remove-accounts
 	$(PY) deploy/hub/classhub.py remove-accounts
 
 # sudo make hub-reset-password LOGIN=wang: a new first password for one person (forgotten, or mistyped)
@@ -182,4 +189,27 @@ hub-reset-password:
 	$(PY) deploy/hub/classhub.py reset-password $(LOGIN)
 
 clean-grading:
-	rm -rf autograder/autograded autograder/feedback autograder/gradebook.db autograder/grades.csv autograder/report.csv autograder/.release autograder/.sandbox autograder/graded.json autograder/class_report.html autograder/mistakes.csv autograder/received.json autograder/.exchange-staging
+	@$(GUARD) clean-grading
+	rm -rf autograder/autograded autograder/feedback autograder/gradebook.db autograder/grades.csv autograder/report.csv autograder/.release autograder/.sandbox autograder/graded.json autograder/class_report.html autograder/mistakes.csv autograder/received.json autograder/.exchange-staging autograder/grades-canvas.csv autograder/grades-moodle.csv
+
+# What a term cannot lose (deploy/hub/backup.py; README "Running a class", step 10). `sudo make hub-backup`:
+# one tarball (grades, submissions, feedback, the hub's state and passwords, the exchange, the homes) in
+# BACKUP_DIR, default /var/backups/transformer-course. clean-grading and hub-remove-accounts refuse, in one
+# line, to delete what no backup newer than it holds, unless CONFIRM=1. These run on the standard library
+# alone ($(PYTHON), not the venv): a backup must work on a server whose venv is gone.
+BACKUP_DIR ?=
+CONFIRM    ?=
+GUARD = $(PYTHON) deploy/hub/backup.py guard $(if $(BACKUP_DIR),--backups $(BACKUP_DIR),) $(if $(CONFIRM),--confirmed,)
+
+hub-backup:
+	$(PYTHON) deploy/hub/backup.py backup $(if $(BACKUP_DIR),--to $(BACKUP_DIR),)
+
+# sudo make hub-prune: each student's old resubmissions out of the exchange's inbound/ into <course>/pruned/
+# (root only), keeping the newest and the one collected (deploy/hub/prune.py)
+hub-prune:
+	$(PYTHON) deploy/hub/prune.py
+
+# make grades-lms [ROSTER=roster.csv] [CHAPTERS=...]: autograder/grades-canvas.csv and grades-moodle.csv,
+# the grades after late penalties in the forms Canvas's and Moodle's grade import read (deploy/hub/lms.py)
+grades-lms:
+	$(PYTHON) deploy/hub/lms.py $(if $(ROSTER),--roster $(ROSTER),) $(CHAPTERS)
