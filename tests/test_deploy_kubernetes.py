@@ -11,8 +11,12 @@ Dockerfile.dockerignore the way Docker computes it (moby's patternmatcher, re-im
 and checked to hold what the image needs and none of the course's answers or state. Each user's uid
 is derived from their login and checked through KubeSpawner's pod manifests; the instructor's
 collect command (collect.py) is run with the screen and nbgrader stubbed out, and once, as root,
-with deploy/hub/exchange.py's real screen. The last test feeds the checks deliberately wrong
-configurations and expects each to be caught.
+with deploy/hub/exchange.py's real screen; the feedback command (feedback.py) on a course folder of
+fake submissions, with nbgrader's own release step. The values files the README shows are loaded as
+written, merged as Helm merges them, and held to the chart's documented layout; the NetworkPolicy
+guarding the grading scheduler is checked against the labels the Dask operator and KubeSpawner give
+the pods. The wrong-configuration test feeds the checks deliberately wrong configurations and
+expects each to be caught.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -68,6 +73,11 @@ def chart_get_config(vals: dict):
     return get_config
 
 
+# What `helm upgrade --set-file hub.extraFiles.<key>.stringData=<file>` puts in each mount that
+# values.yaml leaves empty (README, step 5; test_the_readmes_helm_command_fills_every_mount checks it).
+SET_FILES = {"course-config": K8S / "course_config.py", "course-roster-reader": ROOT / "deploy" / "hub" / "roster.py"}
+
+
 def hub_config(vals: dict, course_config_text: str | None = None, roster: str | None = None, tmp: Path | None = None) -> Config:
     """What the hub's jupyterhub_config.py leaves in `c` for these values."""
     get_config = chart_get_config(vals)
@@ -81,47 +91,52 @@ def hub_config(vals: dict, course_config_text: str | None = None, roster: str | 
     c.KubeSpawner.cpu_limit = float(su["cpu"]["limit"])
     c.KubeSpawner.mem_limit = su["memory"]["limit"]
     c.KubeSpawner.environment = dict(su.get("extraEnv", {}))
+    pull_secrets = list(vals.get("imagePullSecrets") or []) + list(image.get("pullSecrets") or [])
+    if pull_secrets:  # the chart gives user pods its chart-wide list and singleuser.image's own
+        c.KubeSpawner.image_pull_secrets = pull_secrets
     storage = su.get("storage", {})
     c.KubeSpawner.volumes = [{"name": "volume-{user_server}", "persistentVolumeClaim": {"claimName": "claim-{user_server}"}}]
     c.KubeSpawner.volume_mounts = [{"name": "volume-{user_server}", "mountPath": storage.get("homeMountPath", "/home/jovyan")}]
     c.KubeSpawner.volumes.extend(storage.get("extraVolumes", []))
     c.KubeSpawner.volume_mounts.extend(storage.get("extraVolumeMounts", []))
     for section, settings in (vals.get("hub", {}).get("config") or {}).items():
-        c[section].update(settings)
+        c[section].update(settings)  # the chart's own loop: hub.config.<Class>.<trait> is c.<Class>.<trait>
 
-    # hub.extraFiles: the files the chart mounts, here read from the repository.
-    files = {}
+    # hub.extraFiles: each mount holds its stringData, or what README's --set-file gives it. Here the
+    # hub pod's mounts are files in a temporary folder, and the paths the hub's code names are changed
+    # to them: a path that names no mount stays as it is, and finds nothing.
+    pod = Path(tempfile.mkdtemp(prefix="hub-pod-", dir=tmp))
+    texts = {}
     for key, spec in vals["hub"].get("extraFiles", {}).items():
-        if key == "course-config":
-            files[spec["mountPath"]] = course_config_text if course_config_text is not None else (K8S / "course_config.py").read_text()
-        elif key == "roster":
-            files[spec["mountPath"]] = roster if roster is not None else spec.get("stringData", "")
-    real_open = open
+        if key == "course-config" and course_config_text is not None:
+            text = course_config_text
+        elif key == "roster" and roster is not None:
+            text = roster
+        elif "stringData" in spec:
+            text = spec["stringData"]
+        else:
+            assert key in SET_FILES, f"hub.extraFiles.{key} has no content, and the README's helm command sets none"
+            text = SET_FILES[key].read_text()
+        texts[spec["mountPath"]] = text
+    local = {path: pod / Path(path).name for path in texts}
 
-    def chart_open(path, *args, **kwargs):
-        if str(path) in files:
-            target = (tmp or Path("/tmp")) / ("mounted-" + Path(path).name)
-            target.write_text(files[str(path)])
-            return real_open(target, *args, **kwargs)
-        return real_open(path, *args, **kwargs)
+    def in_pod(text: str) -> str:
+        for path, target in local.items():
+            text = text.replace(f'"{path}"', f'"{target}"')
+        return text
 
-    course_config_mod = {"c": c, "get_config": get_config, "open": chart_open, "__name__": "__config__"}
+    for path, text in texts.items():
+        local[path].write_text(in_pod(text), encoding="utf-8")
+    namespace = {"c": c, "get_config": get_config, "__name__": "__config__",
+                 "__file__": "/usr/local/etc/jupyterhub/jupyterhub_config.py"}
     for name, text in sorted(vals["hub"].get("extraConfig", {}).items()):
-        exec(compile(text, f"hub.extraConfig.{name}", "exec"), course_config_mod)
-    # course_config.py reads the roster with os.path.exists + open: point it at the mounted text.
-    return c, course_config_mod
+        exec(compile(in_pod(text), f"hub.extraConfig.{name}", "exec"), namespace)
+    return c, namespace
 
 
 def load(vals=None, course_config_text=None, roster=None, tmp=None):
     vals = values() if vals is None else vals
-    roster_path = None
-    if roster is not None:
-        roster_path = (tmp or Path("/tmp")) / "roster.csv"
-        roster_path.write_text(roster)
-    text = course_config_text if course_config_text is not None else (K8S / "course_config.py").read_text()
-    if roster_path is not None:
-        text = text.replace('ROSTER = "/usr/local/etc/jupyterhub/course/roster.csv"', f'ROSTER = "{roster_path}"')
-    return hub_config(vals, text, roster, tmp)
+    return hub_config(vals, course_config_text, roster, tmp)
 
 
 # -- users and their pods -----------------------------------------------------------------
@@ -217,6 +232,10 @@ STUDENT_EN = ("{c}/deploy/kubernetes/jupyter/student", "{c}/.lab")
 STUDENT_ZH = ("{c}/deploy/kubernetes/jupyter/student", "{c}/.lab-zh")
 INSTRUCTOR = ("{c}/deploy/kubernetes/jupyter/instructor", "/srv/course/autograder")
 INSTRUCTOR_ONLY = ("/srv/course/autograder",)  # the wrong configuration for a student (last test)
+# The one-server hub's students: classhub.py's write_role_configs writes their configuration, and
+# each server reads it, then the servers' venv's own etc/jupyter (deploy/hub/jupyterhub_config.py).
+ONE_SERVER_EN = ("{one}/student-en", "{prefix}/etc/jupyter")
+ONE_SERVER_ZH = ("{one}/student-zh", "{prefix}/etc/jupyter")
 
 
 def effective_jupyter_config(config_path: tuple[str, ...]) -> dict:
@@ -242,12 +261,19 @@ for path in json.loads(sys.argv[1]):
         ext.setdefault(k, v)
     nb = NbGrader()
     nb.load_config_file()
+
+    def module_of(name):  # the one-server configuration's classes import from deploy/hub, on its servers' path
+        try:
+            return import_item(name).__module__
+        except ImportError:
+            return None
+
     out.append({
         "server": {k.rsplit(".", 1)[-1]: v for k, v in ext.items() if k.startswith("nbgrader.")},
         "disabled": {k: v for k, v in (get_static_page_config(level="all").get("disabledExtensions") or {}).items() if v},
         "course_id": nb.config.CourseDirectory.get("course_id"),
         "exchange": nb.config.Exchange.get("root"),
-        "exchange_classes": {k: (v, import_item(v).__module__) for k, v in nb.config.ExchangeFactory.items()},
+        "exchange_classes": {k: (v, module_of(v)) for k, v in nb.config.ExchangeFactory.items()},
     })
 print(json.dumps(out))
 """
@@ -256,12 +282,15 @@ print(json.dumps(out))
 @functools.lru_cache(maxsize=1)
 def _resolved() -> dict:
     """One process resolves every configuration path the tests ask about (a fresh process: no config cached)."""
-    wanted = [STUDENT_EN, STUDENT_ZH, INSTRUCTOR, INSTRUCTOR_ONLY]
-    paths = [[in_repo(p.format(c=IMAGE_COURSE)) for p in path] for path in wanted]
-    env = dict(os.environ, NBGRADER_COURSE_ID="transformer-course-zh", NBGRADER_EXCHANGE=EXCHANGE)
-    env.pop("COURSE_LANG", None)
-    out = subprocess.run([sys.executable, "-c", _RESOLVE, json.dumps(paths)], env=env, capture_output=True,
-                         text=True, timeout=120, cwd=ROOT)
+    wanted = [STUDENT_EN, STUDENT_ZH, INSTRUCTOR, INSTRUCTOR_ONLY, ONE_SERVER_EN, ONE_SERVER_ZH]
+    with tempfile.TemporaryDirectory() as one_server:
+        # write_role_configs needs no root: it copies .lab, writes JSON and Python, chmods its own files
+        classhub_module().write_role_configs(Path(one_server), Path(EXCHANGE))
+        paths = [[in_repo(p.format(c=IMAGE_COURSE, one=one_server, prefix=sys.prefix)) for p in path] for path in wanted]
+        env = dict(os.environ, NBGRADER_COURSE_ID="transformer-course-zh", NBGRADER_EXCHANGE=EXCHANGE)
+        env.pop("COURSE_LANG", None)
+        out = subprocess.run([sys.executable, "-c", _RESOLVE, json.dumps(paths)], env=env, capture_output=True,
+                             text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     return dict(zip(wanted, json.loads(out.stdout.strip().splitlines()[-1])))
 
@@ -274,12 +303,19 @@ def in_repo(path: str) -> str:
     return path
 
 
+def check_assignments_tab(resolved: dict) -> None:
+    """A student opens the Assignments tab from nbgrader's menu (Nbgrader > Assignment List): both
+    JupyterLab plugins on (the learner's lab switches both off), and the tab's server extension."""
+    assert resolved["server"].get("assignment_list") is True, "students need the Assignments tab's server extension"
+    for plugin in ("@jupyter/nbgrader:assignment-list", "@jupyter/nbgrader:menu"):
+        assert not resolved["disabled"].get(plugin), f"{plugin} is switched off: students cannot open the Assignments tab"
+
+
 def check_no_formgrader(resolved: dict) -> None:
     assert resolved["server"].get("formgrader") is False, f"a student's server loads the Formgrader: {resolved['server']}"
     assert resolved["disabled"].get("@jupyter/nbgrader:formgrader"), "the Formgrader's JupyterLab plugin is enabled"
     assert resolved["disabled"].get("@jupyter/nbgrader:create-assignment"), "Create Assignment is enabled"
-    assert resolved["server"].get("assignment_list") is True, "students need the Assignments tab's server extension"
-    assert not resolved["disabled"].get("@jupyter/nbgrader:assignment-list"), "the Assignments tab is switched off"
+    check_assignments_tab(resolved)
 
 
 def readme_install_command(text: str) -> str:
@@ -311,8 +347,8 @@ def check_cluster_spec(spec: dict, image: str) -> None:
 # -- modules of deploy/kubernetes, imported as the collect command imports them ----------------
 
 
-def _module(name: str):
-    spec = importlib.util.spec_from_file_location(name, K8S / f"{name}.py")
+def _module(name: str, path: Path | None = None):
+    spec = importlib.util.spec_from_file_location(name, path or K8S / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -330,6 +366,19 @@ def collect_module():
         return _module("collect")
     finally:
         sys.path[:] = path  # collect.py puts deploy/hub first: not for the tests that run after these
+
+
+def feedback_module():
+    path = list(sys.path)
+    try:  # not named feedback: autograder's feedback module has that name in this process
+        return _module("kubernetes_feedback", K8S / "feedback.py")
+    finally:
+        sys.path[:] = path
+
+
+def classhub_module():
+    """deploy/hub/classhub.py, the one-server hub (collect.py and feedback.py import it the same way)."""
+    return collect_module().classhub
 
 
 # -- the image's build context, as Docker computes it ---------------------------------------------
@@ -508,6 +557,136 @@ NEEDED = [
 ]
 
 
+# -- the chart's layout, the README's values files ---------------------------------------------
+
+# The chart keys the course's values use, where Zero to JupyterHub's configuration reference puts
+# them (z2jh.jupyter.org; the chart's own values.schema.json is not installed here, so its layout is
+# written down instead). Below one of these the chart reads whatever it is given (an annotation, a
+# volume, a file), except hub.config, which check_chart_layout follows into each class.
+CHART_KEYS = {
+    "hub.config", "hub.extraFiles", "hub.extraConfig", "hub.db.type", "hub.db.pvc.storage",
+    "custom",  # free for the deployment: course_config.py reads it with the chart's get_config
+    "imagePullSecrets", "proxy.service.type", "scheduling.userScheduler.enabled",
+    "ingress.enabled", "ingress.ingressClassName", "ingress.annotations", "ingress.hosts", "ingress.tls",
+    "singleuser.image.name", "singleuser.image.tag", "singleuser.image.pullPolicy", "singleuser.image.pullSecrets",
+    "singleuser.cmd", "singleuser.fsGid", "singleuser.cpu.limit", "singleuser.cpu.guarantee",
+    "singleuser.memory.limit", "singleuser.memory.guarantee", "singleuser.startTimeout",
+    "singleuser.storage.type", "singleuser.storage.capacity", "singleuser.storage.homeMountPath",
+    "singleuser.storage.extraVolumes", "singleuser.storage.extraVolumeMounts",
+    "singleuser.storage.dynamic.storageClass", "singleuser.networkPolicy.egress",
+    "singleuser.cloudMetadata.blockWithIptables", "cull.enabled", "cull.timeout",
+}
+# hub.config.<Class>.<setting> becomes c.<Class>.<setting> (the chart's jupyterhub_config.py:
+# `for app, cfg in get_config("hub.config").items(): c[app].update(cfg)`): the classes this hub configures.
+HUB_CLASSES = {
+    "JupyterHub": "jupyterhub.app.JupyterHub", "Authenticator": "jupyterhub.auth.Authenticator",
+    "FirstUseAuthenticator": "firstuseauthenticator.FirstUseAuthenticator",
+    "LTI13Authenticator": "ltiauthenticator.lti13.auth.LTI13Authenticator", "KubeSpawner": "kubespawner.KubeSpawner",
+}
+
+
+def check_chart_layout(vals: dict, where: str) -> None:
+    """Every key of `vals` is one the chart reads, where it reads it."""
+    from traitlets.utils.importstring import import_item
+
+    def walk(node, path):
+        key = ".".join(path)
+        if key == "hub.config":
+            for section, settings in node.items():
+                assert section in HUB_CLASSES, f"{where}: hub.config.{section} is no class this hub configures"
+                traits = import_item(HUB_CLASSES[section]).class_trait_names(config=True)
+                for name in settings:
+                    assert name in traits, (f"{where}: hub.config.{section}.{name} is no setting of {section} "
+                                            "(the chart passes hub.config.<Class>.<setting> to that class)")
+        elif key not in CHART_KEYS:
+            assert isinstance(node, dict) and node, f"{where}: {key} is not where the chart reads anything"
+            for name, child in node.items():
+                walk(child, path + [name])
+
+    walk(vals, [])
+
+
+def helm_merge(base: dict, overlay: dict) -> dict:
+    """`helm --values a.yaml --values b.yaml`: maps merge key by key, anything else b replaces."""
+    merged = copy.deepcopy(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = helm_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def readme_k8s() -> str:
+    return (K8S / "README.md").read_text()
+
+
+def code_blocks(text: str) -> list[tuple[str, str]]:
+    return [(m[1], m[2]) for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.M | re.S)]
+
+
+def readme_values(text: str | None = None) -> dict[str, dict]:
+    """The README's values files, as written: each ```yaml block whose first line names the file."""
+    found = {}
+    for language, body in code_blocks(text or readme_k8s()):
+        first = body.split("\n", 1)[0]
+        if language == "yaml" and re.match(r"# [\w-]+\.yaml:", first):
+            found[first[2:].split(":")[0]] = yaml.safe_load(body)
+    return found
+
+
+def readme_helm_command(text: str) -> list[str]:
+    """The README's `helm upgrade --install` command, its lines joined, as words."""
+    import shlex
+
+    for _, body in code_blocks(text):
+        joined = body.replace("\\\n", " ")
+        for line in joined.splitlines():
+            if line.startswith("helm upgrade --install"):
+                return shlex.split(line.split(" #")[0])
+    raise AssertionError("the README shows no helm upgrade --install command")
+
+
+def helm_options(words: list[str], option: str) -> list[str]:
+    return [words[i + 1] for i, word in enumerate(words[:-1]) if word == option]
+
+
+# -- who may reach the grading scheduler (Kubernetes' rules for a NetworkPolicy's `from`) ----------
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    assert not selector.get("matchExpressions"), "matchExpressions: not followed here"
+    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+
+
+def admits(policy: dict, labels: dict, namespace: str, policy_namespace: str = "grading") -> bool:
+    """Whether `policy` lets a pod with these labels, in this namespace, open a connection."""
+    for rule in policy["spec"].get("ingress") or []:
+        if not rule.get("from"):
+            return True  # a rule without `from` admits every pod
+        for peer in rule["from"]:
+            if "ipBlock" in peer:
+                return True  # by address: every pod whose address is in the block
+            in_namespace = (selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": namespace})
+                            if "namespaceSelector" in peer else namespace == policy_namespace)
+            if in_namespace and selects(peer.get("podSelector") or {}, labels):
+                return True
+    return False
+
+
+def check_scheduler_policy(policy: dict, grading_pods: list[dict], instructor: dict, student: dict) -> None:
+    """The policy covers the scheduler and workers as the operator labels them, and admits the grading
+    side (its own pods, an instructor's server) and no student's server or other pod."""
+    assert policy["kind"] == "NetworkPolicy" and "Ingress" in policy["spec"].get("policyTypes", []), policy
+    for labels in grading_pods:
+        assert selects(policy["spec"]["podSelector"], labels), f"the policy does not cover the pod labelled {labels}"
+        assert admits(policy, labels, "grading"), "the cluster's own pods must reach each other"
+    assert admits(policy, instructor, "jhub"), "an instructor's server cannot reach the scheduler"
+    assert not admits(policy, student, "jhub"), "a student's server reaches the grading scheduler"
+    for labels, namespace in (({}, "jhub"), ({"app": "other"}, "default"), (student, "grading")):
+        assert not admits(policy, labels, namespace), f"a pod labelled {labels} in {namespace} reaches the scheduler"
+
+
 # -- the tests ------------------------------------------------------------------------------
 
 
@@ -583,23 +762,34 @@ def test_what_the_servers_load_students_never_get_formgrader():
     assert not instructor["disabled"].get("@jupyter/nbgrader:formgrader")
 
 
+def test_students_open_the_assignments_tab_on_both_hubs():
+    """Kubernetes and the one-server hub alike: the Assignments tab's plugin, nbgrader's menu that opens
+    it, and its server extension (the learner's lab they start from switches all three off)."""
+    for path in (STUDENT_EN, STUDENT_ZH, ONE_SERVER_EN, ONE_SERVER_ZH):
+        resolved = effective_jupyter_config(path)
+        check_no_formgrader(resolved)
+        check_assignments_tab(resolved)
+    # what was resolved is classhub.py's configuration (it names each edition's course itself)
+    assert effective_jupyter_config(ONE_SERVER_EN)["course_id"] == "transformer-course"
+    assert effective_jupyter_config(ONE_SERVER_ZH)["course_id"] == "transformer-course-zh"
+
+
 def test_lti13_settings_are_the_authenticators_traits(tmp_path):
-    text = (K8S / "values.yaml").read_text()
-    block = text.split("# LTI13 begin\n")[1].split("# LTI13 end")[0]
-    uncommented = "\n".join(re.sub(r"^(\s*)# ", r"\1", ln) for ln in block.splitlines())
-    lti = yaml.safe_load(uncommented)
-    from ltiauthenticator.lti13.auth import LTI13Authenticator
-    assert lti["authenticator_class"] == "ltiauthenticator.lti13.auth.LTI13Authenticator"
-    traits = LTI13Authenticator.class_trait_names(config=True)
+    """The README's lti13.yaml, as written, given after values.yaml: its settings reach the authenticator."""
+    lti = readme_values()["lti13.yaml"]
+    check_chart_layout(lti, "lti13.yaml")
+    config = lti["hub"]["config"]
+    assert config["JupyterHub"]["authenticator_class"] == "ltiauthenticator.lti13.auth.LTI13Authenticator"
+    settings = config["LTI13Authenticator"]  # beside JupyterHub: z2jh's hub.config.<Class>.<setting>
     for key in ("issuer", "client_id", "authorize_url", "jwks_endpoint", "username_key"):
-        assert key in lti["LTI13Authenticator"] and key in traits, key
-    for key in lti["LTI13Authenticator"]:
-        assert key in traits, f"LTI13Authenticator has no setting {key}"
+        assert key in settings, key
+    c, mod = load(helm_merge(values(), lti), tmp=tmp_path)
+    from ltiauthenticator.lti13.auth import LTI13Authenticator
+    auth = LTI13Authenticator(config=c)  # c.LTI13Authenticator, as the chart leaves it
+    for key, value in settings.items():
+        got = getattr(auth, key)
+        assert (sorted(got) == sorted(value)) if isinstance(value, list) else got == value, (key, got, value)
     # With LTI switched on, groups come from each launch.
-    vals = values()
-    vals["hub"]["config"]["JupyterHub"]["authenticator_class"] = lti["authenticator_class"]
-    vals["hub"]["config"]["LTI13Authenticator"] = lti["LTI13Authenticator"]
-    c, mod = load(vals, tmp=tmp_path)
     assert c.Authenticator.manage_groups is True
     hook = c.Authenticator.post_auth_hook
     teacher = hook(None, None, {"name": "t", "auth_state": {
@@ -609,26 +799,105 @@ def test_lti13_settings_are_the_authenticators_traits(tmp_path):
         "https://purl.imsglobal.org/spec/lti/claim/launch_presentation": {"locale": "zh-CN"}}})
     assert teacher["groups"] == ["instructors"] and learner["groups"] == ["students", "lang-zh"]
     # The URLs the README tells the instructor to paste into the LMS are the authenticator's.
-    readme = (K8S / "README.md").read_text()
+    readme = readme_k8s()
     auth = LTI13Authenticator()
     for url in (auth.login_url("/hub/"), auth.callback_url("/hub/"), auth.config_json_url("/hub/")):
         assert f"https://HUB-ADDRESS{url}" in readme, url
+    assert "--values lti13.yaml" in readme
 
 
-def test_grading_cluster_spec(tmp_path):
-    spec_mod = importlib.util.spec_from_file_location("grading_cluster", K8S / "grading_cluster.py")
-    grading = importlib.util.module_from_spec(spec_mod)
-    spec_mod.loader.exec_module(grading)
+def test_values_and_the_readmes_values_files_use_the_charts_layout():
+    check_chart_layout(values(), "values.yaml")
+    blocks = readme_values()
+    assert set(blocks) == {"registry.yaml", "https.yaml", "lti13.yaml"}, sorted(blocks)
+    merged = values()
+    for name, block in blocks.items():
+        check_chart_layout(block, name)
+        merged = helm_merge(merged, block)
+    check_chart_layout(merged, "all of them")
+
+
+def test_the_readmes_helm_command_fills_every_mount():
+    """What values.yaml leaves empty in hub.extraFiles, the README's command (and values.yaml's own
+    comment) fills with --set-file, from the files the test mounts; each --values file is on the page."""
+    readme = readme_k8s()
+    words = readme_helm_command(readme)
+    assert words[:4] == ["helm", "upgrade", "--install", "course"] and helm_options(words, "--version") == ["4.3.3"]
+    set_files = dict(item.split("=", 1) for item in helm_options(words, "--set-file"))
+    empty = {key for key, spec in values()["hub"]["extraFiles"].items() if "stringData" not in spec}
+    assert empty == set(SET_FILES), empty
+    for key in empty:
+        assert set_files.get(f"hub.extraFiles.{key}.stringData") == str(SET_FILES[key].relative_to(ROOT)), key
+    assert set_files.get("hub.extraFiles.roster.stringData") == "roster.csv"
+    assert helm_options(words, "--values")[0] == "deploy/kubernetes/values.yaml"
+    assert set(helm_options(words, "--values")[1:]) <= set(readme_values()), helm_options(words, "--values")
+    header = "\n".join(ln[1:].strip() for ln in (K8S / "values.yaml").read_text().splitlines() if ln.startswith("#   "))
+    for key in empty:
+        assert f"--set-file hub.extraFiles.{key}.stringData={SET_FILES[key].relative_to(ROOT)}" in header, key
+
+
+def test_https_through_the_clusters_ingress(tmp_path):
+    https = readme_values()["https.yaml"]
+    ingress = https["ingress"]
+    assert ingress["enabled"] is True and ingress["hosts"] == ["HUB-ADDRESS"]  # the host of the LMS's URLs
+    assert ingress["tls"], "an ingress without tls serves http only"
+    for tls in ingress["tls"]:
+        assert set(tls["hosts"]) == set(ingress["hosts"]) and tls["secretName"], tls
+    secret = ingress["tls"][0]["secretName"]
+    # the certificate: cert-manager's (the annotation), or one you were given, put into that secret
+    assert {"cert-manager.io/cluster-issuer", "cert-manager.io/issuer"} & set(ingress.get("annotations") or {})
+    assert f"kubectl create secret tls {secret} --namespace jhub" in readme_k8s()
+    assert https["proxy"]["service"]["type"] == "ClusterIP", "the hub would also be reachable without HTTPS"
+    load(helm_merge(values(), https), tmp=tmp_path)
+
+
+def test_a_private_registry_reaches_both_namespaces(offline_kubespawner, tmp_path):
+    registry = readme_values()["registry.yaml"]
+    (name,) = registry["imagePullSecrets"]
+    readme = readme_k8s()
+    made = re.search(r"for namespace in ([\w ]+); do\n\s+kubectl create secret docker-registry (\S+) --namespace \$namespace",
+                     readme)
+    assert made and set(made[1].split()) == {"jhub", "grading"} and made[2] == name, "the secret must exist in both namespaces"
+    c, _ = load(helm_merge(values(), registry), tmp=tmp_path)
+    pod = pod_for(offline_kubespawner, c, fake_user("ana", 7, ["students"]))
+    assert pod["spec"]["imagePullSecrets"] == [{"name": name}]
+    assert f"--image-pull-secret {name}" in readme
+    grading = _module("grading_cluster")
+    spec = grading.cluster_spec("img:1", pull_secret=name)
+    for part in ("scheduler", "worker"):
+        assert spec["spec"][part]["spec"]["imagePullSecrets"] == [{"name": name}], part
+    assert "imagePullSecrets" not in grading.cluster_spec("img:1")["spec"]["worker"]["spec"]
+
+
+def grading_pod_labels(cluster: dict) -> list[dict]:
+    """The labels the dask-kubernetes operator gives the scheduler's and a worker's pods (its own code)."""
+    from dask_kubernetes.operator.controller.controller import (build_scheduler_deployment_spec,
+                                                                 build_worker_deployment_spec)
+    name, labels = cluster["metadata"]["name"], cluster["metadata"].get("labels") or {}
+    scheduler = build_scheduler_deployment_spec(name, cluster["spec"]["scheduler"]["spec"], {}, labels)
+    worker = build_worker_deployment_spec(f"{name}-default", "grading", name, "0123456789",
+                                          cluster["spec"]["worker"]["spec"], {}, labels)
+    return [scheduler["spec"]["template"]["metadata"]["labels"], worker["spec"]["template"]["metadata"]["labels"]]
+
+
+def test_grading_cluster_spec(offline_kubespawner, tmp_path, capsys):
+    grading = _module("grading_cluster")
     vals = values()
     image = f"{vals['singleuser']['image']['name']}:{vals['singleuser']['image']['tag']}"
     spec = grading.cluster_spec(image, workers=3)
     assert spec["kind"] == "DaskCluster" and spec["spec"]["worker"]["replicas"] == 3
     check_cluster_spec(spec, image)
-    policy = grading.network_policy()
-    sources = policy["spec"]["ingress"][0]["from"]
-    assert {"course-role": "instructor"} in [s.get("podSelector", {}).get("matchLabels") for s in sources]
-    # The printed YAML is what `kubectl apply` gets; the README's command uses the same scheduler address.
+    # The printed YAML is what `kubectl apply` gets: the cluster and the policy that guards its scheduler,
+    # checked against the pods the hub makes for an instructor and a student.
     assert grading.main(["--image", image]) == 0
+    printed = {doc["kind"]: doc for doc in yaml.safe_load_all(capsys.readouterr().out)}
+    assert set(printed) == {"DaskCluster", "NetworkPolicy"}
+    check_cluster_spec(printed["DaskCluster"], image)
+    c, _ = load(tmp=tmp_path)
+    instructor = pod_for(offline_kubespawner, c, fake_user("prof", 9, ["instructors"]))["metadata"]["labels"]
+    student = pod_for(offline_kubespawner, c, fake_user("ana", 7, ["students"]))["metadata"]["labels"]
+    check_scheduler_policy(printed["NetworkPolicy"], grading_pod_labels(printed["DaskCluster"]), instructor, student)
+    # The README's command uses the same scheduler address.
     readme = (K8S / "README.md").read_text() + readme_section()
     address = f"tcp://{grading.NAME}-scheduler.grading:{grading.SCHEDULER_PORT}"
     assert f"make grade VENV={IMAGE_COURSE}/.venv SCHEDULER={address}" in readme
@@ -705,6 +974,35 @@ def test_the_checks_catch_wrong_configurations(offline_kubespawner, tmp_path):
     wrong["spec"]["worker"]["spec"]["containers"][0]["image"] = "other:1"
     with pytest.raises(AssertionError):
         check_cluster_spec(wrong, "img:1")
+
+    # A student's lab without nbgrader's menu (the learner's lab switches it off): no way to the tab.
+    no_menu = copy.deepcopy(effective_jupyter_config(STUDENT_EN))
+    no_menu["disabled"]["@jupyter/nbgrader:menu"] = True
+    with pytest.raises(AssertionError, match="nbgrader:menu"):
+        check_assignments_tab(no_menu)
+
+    # The LTI settings inside JupyterHub (where values.yaml's commented block had them), and a chart
+    # key where the chart does not read it.
+    nested = {"hub": {"config": {"JupyterHub": {"authenticator_class": "x", "LTI13Authenticator": {"issuer": "y"}}}}}
+    with pytest.raises(AssertionError, match="LTI13Authenticator is no setting of JupyterHub"):
+        check_chart_layout(nested, "nested")
+    with pytest.raises(AssertionError, match="singleuser.imagePullSecrets"):
+        check_chart_layout({"singleuser": {"imagePullSecrets": ["x"]}}, "misplaced")
+
+    # A scheduler policy that admits every pod of the hub's namespace, or covers the workers only.
+    policy = grading.network_policy()
+    cluster = grading.cluster_spec("img:1")
+    instructor = pod_for(offline_kubespawner, c, fake_user("prof", 9, ["instructors"]))["metadata"]["labels"]
+    student = good["metadata"]["labels"]
+    check_scheduler_policy(policy, grading_pod_labels(cluster), instructor, student)
+    too_open = copy.deepcopy(policy)
+    too_open["spec"]["ingress"][0]["from"].append({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "jhub"}}})
+    with pytest.raises(AssertionError, match="student's server reaches"):
+        check_scheduler_policy(too_open, grading_pod_labels(cluster), instructor, student)
+    workers_only = copy.deepcopy(policy)
+    workers_only["spec"]["podSelector"]["matchLabels"]["dask.org/component"] = "worker"
+    with pytest.raises(AssertionError, match="does not cover"):
+        check_scheduler_policy(workers_only, grading_pod_labels(cluster), instructor, student)
 
 
 # -- the image holds no answers --------------------------------------------------------------------
@@ -917,3 +1215,197 @@ def test_collect_takes_a_students_own_submission_and_sets_aside_another_uids(tmp
     assert [p.name for p in (exchange / "transformer-course" / "set-aside").iterdir()] == [
         "ana+02_self_attention+2026-01-05 11:00:00.000000 UTC+forged"]
     assert len(ran) == 1 and "--update" in ran[0]
+
+
+# -- the roster, as the one-server hub reads it ------------------------------------------------------
+
+
+def test_the_roster_is_read_as_on_one_server_with_a_bom_and_refusing_a_login_twice(tmp_path):
+    """A spreadsheet's "CSV UTF-8" starts with a byte-order mark: the hub and collect.py read it as
+    without; a login twice stops both, in one line naming the line (deploy/hub/roster.py's checks)."""
+    bom = "\ufeff" + ROSTER
+    plain_hub, _ = load(roster=ROSTER, tmp=tmp_path)
+    bom_hub, _ = load(roster=bom, tmp=tmp_path)
+    for section, name in (("JupyterHub", "load_groups"), ("Authenticator", "allowed_users"), ("Authenticator", "admin_users")):
+        assert bom_hub[section].get(name) == plain_hub[section].get(name) and plain_hub[section].get(name), name
+    (tmp_path / "plain.csv").write_text(ROSTER, encoding="utf-8")
+    (tmp_path / "bom.csv").write_text(bom, encoding="utf-8")
+    people = {"ana": ("student", "en"), "bo": ("student", "zh"), "prof": ("instructor", "en")}
+    assert course_config().read_roster(str(tmp_path / "bom.csv")) == course_config().read_roster(str(tmp_path / "plain.csv")) == people
+    assert collect_module().read_people(tmp_path / "bom.csv") == collect_module().read_people(tmp_path / "plain.csv")
+
+    twice = ROSTER + "ana,Ana Again,student,zh\n"
+    with pytest.raises(ValueError) as refused:
+        load(roster=twice, tmp=tmp_path)
+    message = str(refused.value)
+    assert "\n" not in message and "line 5" in message and "'ana' appears twice (first on line 2)" in message, message
+    # Before helm upgrade, on the instructor's computer (README, step 5): the same line, and nothing else.
+    (tmp_path / "twice.csv").write_text(twice)
+    checked = subprocess.run([sys.executable, str(K8S / "course_config.py"), str(tmp_path / "twice.csv")],
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 1 and not checked.stdout, checked
+    assert checked.stderr.strip().count("\n") == 0 and "'ana' appears twice" in checked.stderr, checked.stderr
+
+
+def test_a_user_deleted_for_a_password_reset_keeps_role_edition_and_home(offline_kubespawner, tmp_path):
+    """Deleting a user on the Admin page resets a FirstUseAuthenticator password. The user comes back
+    with another id and in no group (the roster's groups are loaded when the hub starts), and
+    KubeSpawner deletes a deleted user's home volume unless told not to."""
+    c, _ = load(roster=ROSTER, tmp=tmp_path)
+    check_instructor(pod_for(offline_kubespawner, c, fake_user("prof", 90, [])))
+    check_student(pod_for(offline_kubespawner, c, fake_user("bo", 91, [])), "zh")
+    before = pod_for(offline_kubespawner, c, fake_user("ana", 7, ["students"]))["_spawner"]
+    after = pod_for(offline_kubespawner, c, fake_user("ana", 92, []))["_spawner"]
+    assert before.pvc_name == after.pvc_name, "the home volume's name must follow the login, not the hub's user id"
+    deleted = []
+
+    async def delete_pvc(name, request_timeout):  # the Kubernetes API call KubeSpawner would make
+        deleted.append(name)
+        return True
+
+    before._make_delete_pvc_request = delete_pvc
+    asyncio.run(before.delete_forever())  # what the hub calls when the user is deleted
+    assert deleted == [], f"deleting the user deletes their home volume {deleted}"
+
+
+# -- the image's JupyterHub is the chart's -------------------------------------------------------------
+
+# The JupyterHub each Zero to JupyterHub chart runs in its hub pod, from the chart's changelog
+# (docs/source/changelog.md, "4.3.3 - 2026-03-26": "(jupyterhub 5.4.4)"). Nothing installed here says it.
+CHART_JUPYTERHUB = {"4.3.3": "5.4.4"}
+
+
+def test_the_images_jupyterhub_is_the_charts_major_version():
+    """A single-user server a major version apart from its hub "could cause failure to authenticate"
+    (jupyterhub._version): the image installs the chart's JupyterHub after the README's install line."""
+    import tomllib
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    commands = [readme_helm_command(readme_k8s())]
+    commands.append(readme_helm_command("```\n" + "\n".join(
+        ln[1:].strip() + "\n" for ln in (K8S / "values.yaml").read_text().splitlines() if ln.startswith("#   ")) + "```\n"))
+    (chart,) = {v for words in commands for v in helm_options(words, "--version")}
+    hub = CHART_JUPYTERHUB[chart]
+    runs = [ln[len("RUN "):] for ln in (K8S / "Dockerfile").read_text().splitlines() if ln.startswith("RUN ")]
+    install = runs.index(dockerfile_install_command((K8S / "Dockerfile").read_text()))
+    pins = [(i, m[1]) for i, run in enumerate(runs) if (m := re.fullmatch(r'\.venv/bin/pip install --quiet "jupyterhub==([\d.]+)"', run))]
+    assert [version for _, version in pins] == [hub] and pins[0][0] > install, (pins, hub)
+    assert hub in readme_k8s() and chart in readme_k8s()
+    # What else the image installs accepts that JupyterHub (transformer_lib[hub] itself asks for the
+    # one-server hub's 6.1.1: pip warns, and only jupyterhub-singleuser runs in the image).
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + project["optional-dependencies"]["grade"] + project["optional-dependencies"]["hub"]
+    names = {Requirement(r).name for r in wanted} - {"transformer_lib", "jupyterhub"}
+    for name in sorted(names):
+        for line in metadata.requires(name) or []:
+            need = Requirement(line)
+            if need.name == "jupyterhub" and not (need.marker and "extra" in str(need.marker)):
+                assert need.specifier.contains(hub), f"{name} needs {need}, the image has jupyterhub {hub}"
+
+
+# -- feedback on Kubernetes ------------------------------------------------------------------------------
+
+
+def test_feedback_puts_the_secret_beside_each_page_and_releases_per_edition(tmp_path):
+    """On a course folder of fake submissions, pages and autograder/graded.json, with nbgrader's own
+    release step (the course's exchange class, in this process, on this folder)."""
+    import hashlib
+
+    from nbgrader.auth import Authenticator
+    from nbgrader.coursedir import CourseDirectory
+    from nbgrader.utils import notebook_hash
+
+    feedback = feedback_module()
+    classhub = feedback.classhub
+    course, exchange, chapter = tmp_path / "course", tmp_path / "exchange", "02_self_attention"
+    exchange.mkdir()
+    people = [{"login": login, "role": role, "language": language} for login, role, language in (
+        ("ana", "student", "en"), ("bo", "student", "zh"), ("cy", "student", "en"), ("dee", "student", "en"),
+        ("prof", "instructor", "en"))]
+    graded = {}
+
+    def hand_in(login: str, notebook: bytes, graded_from: bytes | None) -> None:
+        folder = course / "autograder" / "submitted" / login / chapter
+        folder.mkdir(parents=True)
+        (folder / f"{chapter}.ipynb").write_bytes(notebook)
+        (folder / "timestamp.txt").write_text("2026-03-01 10:00:00.000000 UTC")
+        (folder / "submission_secret.txt").write_text(f"secret of {login}")
+        if graded_from is not None:  # make grade wrote the page, and recorded what it graded
+            page = course / "autograder" / "feedback" / login / chapter / f"{chapter}.html"
+            page.parent.mkdir(parents=True)
+            page.write_text(f"<p>{login}'s feedback</p>")
+            graded[login] = {chapter: {"submission": hashlib.sha256(graded_from).hexdigest()}}
+
+    hand_in("ana", b"ana 1", b"ana 1")
+    hand_in("bo", b"bo 1", b"bo 1")
+    hand_in("cy", b"cy 2", b"cy 1")  # resubmitted and collected after grading
+    hand_in("dee", b"dee 1", None)  # collected, not graded yet
+    gone = course / "autograder" / "feedback" / "gone" / chapter  # a student since taken off the roster
+    gone.mkdir(parents=True)
+    (gone / f"{chapter}.html").write_text("<p>gone</p>")
+    (course / "autograder" / "graded.json").write_text(json.dumps({"version": 1, "submissions": graded}))
+
+    def nbgrader_release(step, language, chapters, exchange_root, exclude=()):
+        """classhub.exchange_step's release_feedback, on this course folder."""
+        assert step == "feedback"
+        for name in chapters:
+            coursedir = CourseDirectory(root=str(course), feedback_directory=os.path.join("autograder", "feedback"),
+                                        course_id=classhub.EDITIONS[language][0], assignment_id=name,
+                                        student_id_exclude=",".join(exclude))
+            classhub.course_exchange.ExchangeReleaseFeedback(
+                coursedir=coursedir, authenticator=Authenticator(), root=str(exchange_root)).start()
+
+    # nbgrader's release alone (README's old `nbgrader release_feedback`) stops at the first page.
+    with pytest.raises(FileNotFoundError, match="timestamp.txt"):
+        nbgrader_release("feedback", "en", [chapter], exchange, exclude=["bo", "cy", "dee", "gone", "prof"])
+
+    said, released = [], []
+    feedback.feedback(people, [chapter], exchange, course, dry_run=True, release=released.append, say=said.append)
+    assert not released and not (course / "autograder" / "feedback" / "ana" / chapter / "timestamp.txt").exists()
+    assert "would release 02_self_attention to transformer-course in " + str(exchange) + ": ana" in said, said
+
+    said.clear()
+    feedback.feedback(people, [chapter], exchange, course, release=nbgrader_release, say=said.append)
+    assert said == ["cy / 02_self_attention: resubmitted since it was graded (run make grade first)",
+                    "dee / 02_self_attention: not graded yet (run make grade first)",
+                    "feedback released: 2 pages"], said
+    for login, course_id in (("ana", "transformer-course"), ("bo", "transformer-course-zh")):
+        # the name the student's own copy computes when fetching (nbgrader's fetch_feedback)
+        name = notebook_hash(secret=f"secret of {login}", notebook_id=chapter) + ".html"
+        pages = sorted(p.name for p in (exchange / course_id / "feedback").iterdir())
+        assert pages == [name], (course_id, pages)
+        assert (exchange / course_id / "feedback" / name).read_text() == f"<p>{login}'s feedback</p>"
+
+    # The README's walk-through returns feedback with it, for both editions.
+    teach = [body for _, body in code_blocks(readme_k8s()) if "cd /srv/course" in body]
+    assert len(teach) == 1 and f"python deploy/kubernetes/feedback.py {chapter}" in teach[0], teach
+    assert "nbgrader release_feedback" not in teach[0], "nbgrader's release alone stops with FileNotFoundError"
+
+
+# -- the README: what the administrators give, the Chinese edition ------------------------------------
+
+
+def test_the_readme_asks_the_administrators_for_what_only_they_can_give():
+    readme = readme_k8s()
+    section = readme[readme.index("## 0. "):readme.index("## 1. ")]
+    # what the manifests make that no namespace holds, and what the chart needs of the cluster
+    nfs_kinds = {doc["kind"] for doc in yaml.safe_load_all((K8S / "exchange-nfs.yaml").read_text())}
+    cluster_wide = (nfs_kinds & {"PersistentVolume"}) | {"DaskCluster", "CustomResourceDefinition", "StorageClass",
+                                                         "userScheduler", "NetworkPolicies", "privileged"}
+    for needed in sorted(cluster_wide):
+        assert needed in section, f"step 0 does not ask for {needed}"
+    assert "With one namespace only" in section and "userScheduler: {enabled: false}" in section
+
+
+def test_the_chinese_readme_has_the_same_commands_and_keeps_to_the_term_list():
+    english, chinese = readme_k8s(), (K8S / "README.zh.md").read_text(encoding="utf-8")
+    assert code_blocks(chinese) == code_blocks(english), "README.zh.md's code blocks differ from README.md's"
+    assert readme_values(chinese) == readme_values(english)
+    for url in re.findall(r"`(https://HUB-ADDRESS/[^`]*)`", english):
+        assert url in chinese, url
+    # tests/test_zh_terms.py reads README.zh.md and chapters/zh/README.md only: its rules, on this one
+    zh_terms = _module("zh_terms", ROOT / "tests" / "test_zh_terms.py")
+    found = zh_terms.violations(zh_terms.Text("deploy/kubernetes/README.zh.md", "", 1, chinese, "readme"))
+    assert not found, "\n".join(map(str, found))

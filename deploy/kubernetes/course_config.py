@@ -6,7 +6,7 @@ and values.yaml's `hub.extraConfig.course` runs it inside the chart's jupyterhub
 `c` (the hub's traitlets config) and `get_config` (the chart's: it reads values.yaml by key) exist.
 tests/test_deploy_kubernetes.py runs it the same way and asserts what it sets.
 
-Who gets what, decided per user from the hub's groups when their server starts:
+Who gets what, decided per user when their server starts (from the roster, else the hub's groups):
 
 * `instructors`: Formgrader on the course directory (/srv/course, a PVC), the course's own
   nbgrader configuration (autograder/nbgrader_config.py), the exchange, more CPU and memory.
@@ -17,7 +17,11 @@ Who gets what, decided per user from the hub's groups when their server starts:
 
 Groups come from a roster CSV (login,name,role,language) mounted at ROSTER, or, with LTI 1.3,
 from each launch: the LMS's Instructor role, and a locale starting with "zh" (or a custom
-parameter course_lang=zh), at every login.
+parameter course_lang=zh), at every login. The roster is read by the one-server hub's own reader,
+deploy/hub/roster.py (a spreadsheet's BOM, valid logins, no login twice, known roles and languages,
+one line naming what is wrong), mounted beside this file at ROSTER_READER. With a roster, a
+person's role and edition are the roster's even when the hub's groups lost them (a user deleted on
+the Admin page to reset a password comes back in no group until the hub restarts).
 
 Each user's server runs as a uid of their own, a hash of their login (uid_of_login): the same on
 every start, whatever happens to the hub's database, and computable without the hub, so the
@@ -30,9 +34,10 @@ chart's `c` and `get_config`. Run as a script, it prints each roster login's uid
     python3 deploy/kubernetes/course_config.py roster.csv
 """
 
-import csv
 import hashlib
+import importlib.util
 import os
+import sys
 
 # Where the image keeps the course (its .venv included) and where pods mount the shared volumes.
 COURSE = "/opt/course"
@@ -44,6 +49,8 @@ START_PAGE = {"en": COURSE + "/chapters/README.md", "zh": COURSE + "/chapters/zh
 STUDENT_CONFIG = COURSE + "/deploy/kubernetes/jupyter/student"
 INSTRUCTOR_CONFIG = COURSE + "/deploy/kubernetes/jupyter/instructor"
 ROSTER = "/usr/local/etc/jupyterhub/course/roster.csv"
+# deploy/hub/roster.py in the hub pod (hub.extraFiles.course-roster-reader); elsewhere the checkout's own.
+ROSTER_READER = "/usr/local/etc/jupyterhub/course/roster.py"
 USERS_GID = 100  # the image's `users` group; the home volume is group-writable for it (fsGroup)
 # Users' uids lie in [UID_BASE, UID_BASE + UID_SPAN): above jovyan (1000) and the grader's sandbox
 # uids (autograder/isolation.py: 1000000 to 1004095), below 2^31, Kubernetes' largest runAsUser.
@@ -57,34 +64,53 @@ UID_SPAN = 1 << 30
 # -- who is who -----------------------------------------------------------------------
 
 
+# The roster the hub read at start ({login: (role, language)}; empty with LTI or without a roster).
+ROSTER_PEOPLE = {}
+
+
 def group_names(user):
     return {getattr(g, "name", g) for g in (getattr(user, "groups", None) or [])}
 
 
 def role_of(user):
+    if user.name in ROSTER_PEOPLE:
+        return ROSTER_PEOPLE[user.name][0]
     return "instructor" if "instructors" in group_names(user) else "student"
 
 
 def language_of(user):
+    if user.name in ROSTER_PEOPLE:
+        return ROSTER_PEOPLE[user.name][1]
     return "zh" if "lang-zh" in group_names(user) else "en"
 
 
+def roster_reader():
+    """deploy/hub/roster.py as a module: the one-server hub's reader and checks, not a second parser."""
+    here = globals().get("__file__") or ""
+    candidates = [ROSTER_READER]
+    if os.path.basename(here) == "course_config.py":  # imported or run from a checkout or the image
+        candidates.append(os.path.join(os.path.dirname(os.path.abspath(here)), "..", "hub", "roster.py"))
+    for path in candidates:
+        if os.path.exists(path):
+            spec = importlib.util.spec_from_file_location("course_roster", path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module  # its dataclass looks its module up there
+            spec.loader.exec_module(module)
+            return module
+    raise RuntimeError(f"no roster reader at {ROSTER_READER}: add `--set-file "
+                       "hub.extraFiles.course-roster-reader.stringData=deploy/hub/roster.py` to helm upgrade")
+
+
 def read_roster(path=ROSTER):
-    """{login: (role, language)} from a CSV with columns login,name,role,language; {} without one."""
+    """{login: (role, language)} from a CSV with columns login,name,role,language, checked as on one
+    server (a ValueError of one line names the file, the line and the fix); {} without a roster, or
+    with the chart's default one (its header alone), which lets nobody in."""
     if not os.path.exists(path):
         return {}
-    people = {}
-    with open(path, newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            login = (row.get("login") or "").strip()
-            if not login:
-                continue
-            role = (row.get("role") or "student").strip().lower()
-            language = (row.get("language") or "en").strip().lower()
-            if role not in ("student", "instructor") or language not in COURSE_IDS:
-                raise ValueError(f"{path}: {login}: role must be student|instructor, language en|zh")
-            people[login] = (role, language)
-    return people
+    with open(path, encoding="utf-8-sig") as f:
+        if not any(line.strip() for line in f.read().splitlines()[1:]):
+            return {}
+    return {p.login: (p.role, p.language) for p in roster_reader().read_roster(path)}
 
 
 def roster_groups(people):
@@ -224,6 +250,7 @@ if "c" in globals():
         c.Authenticator.allow_all = True  # noqa: F821 (the LMS decides who may launch the course)
     else:
         _people = read_roster()
+        ROSTER_PEOPLE.update(_people)
         if _people:
             roster_uids(_people)  # a shared uid stops the hub here, before anyone logs in
             c.JupyterHub.load_groups = roster_groups(_people)  # noqa: F821
@@ -232,7 +259,11 @@ if "c" in globals():
 
 
 if __name__ == "__main__":
-    import sys
-
-    for _login, _uid in roster_uids(read_roster(sys.argv[1])).items():
+    try:  # the hub would refuse the same roster: say why in one line, before helm upgrade
+        if not os.path.isfile(sys.argv[1]):
+            raise ValueError(f"{sys.argv[1]}: no such roster file")
+        _uids = roster_uids(read_roster(sys.argv[1]))
+    except ValueError as exc:
+        sys.exit(f"course_config.py: {exc}")
+    for _login, _uid in _uids.items():
         print(_login, _uid)

@@ -43,7 +43,7 @@ WORKER_SECURITY = {
 }
 
 
-def cluster_spec(image: str, workers: int = 2, sandbox_privileges: bool = True) -> dict:
+def cluster_spec(image: str, workers: int = 2, sandbox_privileges: bool = True, pull_secret: str | None = None) -> dict:
     spec = make_cluster_spec(name=NAME, image=image, n_workers=workers, resources=RESOURCES, env=ENV,
                              worker_command=WORKER_COMMAND)
     scheduler = spec["spec"]["scheduler"]["spec"]["containers"][0]
@@ -51,6 +51,9 @@ def cluster_spec(image: str, workers: int = 2, sandbox_privileges: bool = True) 
     worker = spec["spec"]["worker"]["spec"]["containers"][0]
     if sandbox_privileges:
         worker["securityContext"] = dict(WORKER_SECURITY)
+    if pull_secret:  # a private registry: the secret lives in this namespace, not the hub's (README, step 1)
+        for pod in (spec["spec"]["scheduler"]["spec"], spec["spec"]["worker"]["spec"]):
+            pod["imagePullSecrets"] = [{"name": pull_secret}]
     # Only the cluster's own pods, the operator and instructors' servers may reach the scheduler.
     spec["metadata"]["labels"] = {"app.kubernetes.io/part-of": "transformer-course"}
     return spec
@@ -89,8 +92,9 @@ def main(argv=None) -> int:
     ap.add_argument("--operator-namespace", default="dask-operator")
     ap.add_argument("--no-sandbox-privileges", action="store_true",
                     help="workers without CAP_SYS_ADMIN: grading falls back to weaker isolation")
+    ap.add_argument("--image-pull-secret", help="a docker-registry secret in the grading namespace, for a private registry")
     args = ap.parse_args(argv)
-    docs = [cluster_spec(args.image, args.workers, not args.no_sandbox_privileges),
+    docs = [cluster_spec(args.image, args.workers, not args.no_sandbox_privileges, args.image_pull_secret),
             network_policy(args.hub_namespace, args.operator_namespace)]
     yaml.safe_dump_all(json.loads(json.dumps(docs)), sys.stdout, sort_keys=False)  # no YAML anchors
     return 0
