@@ -35,7 +35,7 @@ FORCE    ?=
 test test-fast test-python notebooks grade: export OMP_NUM_THREADS = 1
 
 
-.PHONY: help venv venv-grade venv-hub venv-test browser sandbox lab formgrader test test-fast test-python notebooks release grade check clean-grading hub hub-release collect hub-feedback hub-remove-accounts hub-reset-password \
+.PHONY: help venv venv-grade venv-hub venv-test browser fonts sandbox lab formgrader test test-fast test-python notebooks release grade check clean-grading hub hub-release collect hub-feedback hub-remove-accounts hub-reset-password \
         hub-backup hub-prune grades-lms
 
 help:
@@ -87,18 +87,21 @@ $(STAMP)-test: $(STAMP)-hub
 # Elsewhere the test says it is skipped and why. The Chinese edition's figures need a CJK font
 # (transformer_lib/figure_text.py; tests/test_zh_notebook_text.py draws them): as root, install
 # WenQuanYi Micro Hei when matplotlib's usual CJK fonts are all missing.
-browser:
+browser: fonts
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing chromium for the browser test (apt-get)"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-wqy-microhei >/dev/null; \
 	  else echo "chromium is not installed and cannot be installed here: the browser test will be skipped"; fi; }
+
+# The Chinese edition's figures need a CJK font, in the test suite and on a class's hub alike.
+fonts:
 	@fc-list 2>/dev/null | grep -qiE "WenQuanYi|Noto Sans CJK|Source Han Sans|Noto Sans SC" || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing a Chinese font for the Chinese edition's figures (apt-get fonts-wqy-microhei)"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-wqy-microhei >/dev/null \
 	      && rm -rf $${MPLCONFIGDIR:-$$HOME/.cache/matplotlib}/fontlist-*.json; \
-	  else echo "no Chinese font found (install fonts-wqy-microhei or Noto Sans CJK SC): the Chinese figure tests will fail"; fi; }
+	  else echo "no Chinese font found (install fonts-wqy-microhei or Noto Sans CJK SC): the Chinese edition's figures stay English and their tests fail"; fi; }
 
 lab: venv
 	COURSE_LANG=$(COURSE_LANG) JUPYTER_CONFIG_PATH=$(LEARNER_CONFIG) $(VENV)/bin/jupyter lab --notebook-dir=$(LAB_DIR) \
@@ -166,7 +169,7 @@ SPAWNER  ?= local
 AUTH     ?= firstuse
 ANSWERS  ?= visible
 HIDE     ?=
-hub: venv-hub sandbox
+hub: venv-hub sandbox fonts
 	@test -n "$(ROSTER)" || { echo "make hub needs ROSTER=path/to/roster.csv (columns login,name,role,language; see deploy/hub/roster.example.csv)"; exit 1; }
 	$(PY) deploy/hub/classhub.py serve --roster $(ROSTER) --port $(HUB_PORT) --spawner $(SPAWNER) --auth $(AUTH) --answers $(ANSWERS) $(if $(HIDE),--hide $(HIDE),)
 

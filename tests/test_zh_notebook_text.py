@@ -154,6 +154,12 @@ def test_without_a_chinese_font_figures_stay_english_and_one_line_says_what_to_i
     assert ax.get_title() == "Multi-head attention: the shapes along the way"
     out = capsys.readouterr().out
     assert out.count("fonts-wqy-microhei") == 1 and out.count("\n") == 1
+    # A student on the class's hub has no root: the line asks them to tell the instructor, never sudo.
+    monkeypatch.setenv("JUPYTERHUB_USER", "wang")
+    monkeypatch.setattr(figure_text, "_warned", False)
+    fig.canvas.draw()
+    out = capsys.readouterr().out
+    assert "老师" in out and "sudo" not in out and out.count("\n") == 1
 
 
 def test_an_english_notebook_is_left_alone(monkeypatch):

@@ -32,6 +32,10 @@ CJK_FONTS = ("WenQuanYi Micro Hei", "WenQuanYi Zen Hei", "Noto Sans CJK SC", "No
              "PingFang SC", "Hiragino Sans GB", "Microsoft YaHei", "SimHei", "Heiti SC", "Arial Unicode MS")
 NO_FONT = ("未找到中文字体，图中文字保持英文。请安装文泉驿微米黑（Debian/Ubuntu：sudo apt-get install "
            "fonts-wqy-microhei）或 Noto Sans CJK SC，然后重启内核。")
+# On a class's hub the student has no root, and `make hub` installs the font: the server lacks it only
+# when the instructor's install failed, so the one line is for them to pass on.
+NO_FONT_ON_A_HUB = ("未找到中文字体，图中文字保持英文。请告诉老师：服务器缺少中文字体（`make hub` 会安装 "
+                    "fonts-wqy-microhei），装好后重启内核即可。")
 CJK = re.compile(r"[\u3000-\u303f\u3400-\u9fff\uff00-\uffef]")
 LOG_VARIABLE = "COURSE_TEXT_LOG"
 
@@ -109,7 +113,7 @@ def _chinese() -> bool:
     if _font is None:
         if not _warned:
             _warned = True
-            print(NO_FONT)
+            print(NO_FONT_ON_A_HUB if os.environ.get("JUPYTERHUB_USER") else NO_FONT)
         return False
     import matplotlib
 
