@@ -146,7 +146,8 @@ class GPT(nn.Module):
         c = self.config = config
         self.token_embedding = nn.Embedding(c.vocab_size, c.d_model)
         # Adds position vectors, then embedding dropout. GPT-2 does not scale the token
-        # embeddings by sqrt(d_model): both tables start at the same small size (std 0.02).
+        # embeddings by sqrt(d_model). Both tables start at std 0.02, as Hugging Face's GPT-2 and
+        # nanoGPT start them (OpenAI's released code draws positions at 0.01, tokens at 0.02).
         self.positions = LearnedPositionalEmbedding(c.d_model, c.max_len, c.dropout)
         self.blocks = nn.ModuleList(Block(c, block_fn) for _ in range(c.n_layers))
         self.ln_f = LayerNorm(c.d_model, c.layer_norm_eps)
@@ -375,8 +376,11 @@ def train_lm(model: GPT, ids: torch.Tensor, *, context: int, batch_size: int, lr
              bf16: bool = False, progress: bool = True, desc: str = "training") -> list[float]:
     """Train a GPT on random windows of the stream `ids` [N]; returns the loss of every step.
 
-    Each step draws batch_size windows of context tokens and minimises loss_fn(model(windows),
-    windows) (default next_token_loss: all positions of a window are training examples at once).
+    Each step draws batch_size windows of context + 1 tokens, as nanoGPT's get_batch does: the
+    model reads the first context tokens and every one of its context positions is scored on the
+    token that follows it, loss_fn(model(window[:, :-1]), window[:, 1:]) (default lm_loss). A
+    window of only context tokens would leave its last position without a target, and that
+    position is one evaluate_lm scores.
     AdamW (betas 0.9, 0.95; weight decay on the matrices only), gradient clipping, and the
     learning rate lr * warmup_cosine(progress, warmup, final_lr). Give `steps` (the notebooks:
     reproducible) or `seconds` (the benchmark: progress is the time used, and training stops when
@@ -388,7 +392,7 @@ def train_lm(model: GPT, ids: torch.Tensor, *, context: int, batch_size: int, lr
 
     if (steps is None) == (seconds is None):
         raise ValueError(f"give exactly one of steps= or seconds=, got steps={steps}, seconds={seconds}")
-    loss_fn = next_token_loss if loss_fn is None else loss_fn
+    loss_fn = lm_loss if loss_fn is None else loss_fn
     matrices = [p for p in model.parameters() if p.dim() >= 2]
     others = [p for p in model.parameters() if p.dim() < 2]  # LayerNorm gains and biases: no decay
     optimizer = torch.optim.AdamW([{"params": matrices, "weight_decay": weight_decay},
@@ -405,10 +409,10 @@ def train_lm(model: GPT, ids: torch.Tensor, *, context: int, batch_size: int, lr
             break
         for group in optimizer.param_groups:
             group["lr"] = lr * warmup_cosine(done, warmup, final_lr)
-        x = random_windows(ids, batch_size, context, generator)  # [batch, context]
+        window = random_windows(ids, batch_size, context + 1, generator)  # [batch, context + 1]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits = model(x)  # [batch, context, vocab]
-        loss = loss_fn(logits.float(), x)
+            logits = model(window[:, :-1])  # [batch, context, vocab]
+        loss = loss_fn(logits.float(), window[:, 1:])  # position t scored on token t + 1, for every t
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if max_grad_norm is not None:
