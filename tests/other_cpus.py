@@ -24,7 +24,7 @@ from course_files import ROOT
 
 # The chapters whose outputs come from float reductions or training (the others print exact
 # arithmetic, text and integers). Chapter 11's numbers are timings, already outside comparison.
-TRAINING_CHAPTERS = ["02_self_attention", "03_multi_head_attention", "05_add_norm_ffn", "07_training_inference",
+TRAINING_CHAPTERS = ["02_self_attention", "03_multi_head_attention", "05_add_norm_ffn", "06_decoder_masks", "07_training_inference",
                      "09_bert", "10_gpt", "12_vision_transformers"]
 
 

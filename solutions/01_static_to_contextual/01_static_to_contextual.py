@@ -96,8 +96,19 @@ tokens = pydoc_tokens()
 print(f"{len(paragraphs)} paragraphs, {len(tokens)} tokens, {len(set(tokens))} distinct words")
 print(paragraphs[200][:160], "...")
 print(tokenize(paragraphs[200])[:14])
+seen, repeated_tokens = set(), 0
+for paragraph in paragraphs:
+    if paragraph in seen:  # the same paragraph in another help topic
+        repeated_tokens += len(tokenize(paragraph))
+    seen.add(paragraph)
+print(f"{len(paragraphs) - len(seen)} paragraphs repeat an earlier one: {repeated_tokens / len(tokens):.0%} of the tokens")
 
 # %% [markdown]
+# The help text repeats itself: some paragraphs stand in several topics, so about a fifth of the tokens (printed
+# above) are counted twice or more. And the text is one long list of tokens, so the windows of the next section run
+# across paragraph boundaries, pairing the last words of one paragraph with the first words of the next. We keep
+# both, for simplicity; each adds counts that say nothing about what the words mean.
+#
 # Words seen only once or twice have too few neighbours to say anything reliable about them, so the
 # **vocabulary** keeps the words that occur at least 5 times. Each word gets an integer **id**; ids are
 # ordered by frequency, and the text becomes a tensor of ids (words outside the vocabulary are dropped).
@@ -311,8 +322,9 @@ for word in ["exception", "true"]:
 # and mostly zeros. The **singular value decomposition** writes the matrix as $M = U S V^\top$, with
 # orthonormal columns in $U$ and $V$ and the singular values in $S$ sorted from largest to smallest.
 # Keeping only the first $k$ columns gives the best rank-$k$ approximation of $M$, and the rows of
-# $U_k S_k^{1/2}$ are $k$-dimensional word vectors. (The exponent $1/2$ instead of 1 is a common choice for
-# PPMI that keeps the first, dominant direction from drowning out the rest; Levy et al., 2015.)
+# $U_k S_k^{1/2}$ are $k$-dimensional word vectors. (The exponent $1/2$ instead of 1 is a choice made by
+# experiment, not derived: Levy et al., 2015, section 3.3, treat the exponent as a setting to tune, and advise
+# against 1 after $1/2$ and 0 worked better in their tests.)
 # `svd_vectors` in the library does this with `torch.linalg.svd`.
 #
 # One variant of word2vec is closely related: **skip-gram with negative sampling** (SGNS). Levy and
@@ -648,8 +660,9 @@ for sentence in [APPLE_FRUIT_SENTENCE, APPLE_COMPANY_SENTENCE]:
     contextual_apple[sentence] = mixed[i]  # [16]
 
 # %% [markdown]
-# *apple* keeps a good part of its own vector; after itself, the largest weights go to *pear* in the
-# first sentence and to *microsoft* in the second. Does that move it toward the right sense? We compare each
+# *apple* keeps a good part of its own vector (0.36 and 0.42). In the second sentence *microsoft* stands out
+# (0.20); in the first, no single word does: *pear* gets 0.13, but each *a* gets 0.12, so whatever moves
+# *apple* there comes from the whole sentence, not from one word. Does that move it toward the right sense? We compare each
 # vector with the average vector of the fruit words and of the company words (the probe words
 # *banana, peach, cherry, plum* and *google, samsung, intel, nokia* do not occur in either sentence):
 
@@ -737,8 +750,10 @@ plt.show()
 # **encoder states** $h_1, \dots, h_S$. A **decoder** writes the translation one word at a time; before
 # writing each word it is in some **decoder state** $s_t$.
 #
-# The early encoder–decoder networks (Sutskever et al., 2014) squeezed the whole source into a single
-# vector: a fixed-size bottleneck, and long sentences did not fit. Attention (Bahdanau et al., 2015)
+# The early encoder–decoder networks (Cho et al., 2014; Sutskever et al., 2014) squeezed the whole source into
+# a single vector of fixed size, however long the sentence. Sutskever et al.'s large LSTMs coped well with long
+# sentences, but in Cho et al.'s study ("On the Properties of Neural Machine Translation", 2014) and in Bahdanau
+# et al.'s (2015, Fig. 2) such models translated long sentences much worse than short ones. Attention (Bahdanau et al., 2015)
 # lets the decoder look back at *all* encoder states, each time it writes a word, and focus on the
 # ones that matter now: to write *verte* it should look at *green*. In the simple **dot-product** form
 # (Luong et al., 2015):
@@ -872,8 +887,8 @@ plt.show()
 # computation adds is the step from meanings to positions: the weights are a softmax of dot products, which
 # know nothing about word order, so each French word finds the English word that carries its meaning wherever
 # that word stands, and a crossing in meaning becomes a crossing in the picture. In a trained translation
-# model the states themselves are learned, and the alignment with them (chapter 07 trains an encoder–decoder
-# model, on dates rather than sentences).
+# model the states themselves are learned, and the alignment is learned with them (chapter 07 trains an
+# encoder–decoder model, on dates rather than sentences).
 #
 # ## 6. Why not a recurrent network? Slow and forgetful · RNN 的两个短板
 #
@@ -931,7 +946,7 @@ def run_attention(x):  # all L x L pairs in one go
     return scaled_dot_product_attention(x, x, x)[0]
 
 
-def best_time_ms(f, x, repeats=3):
+def best_time_ms(f, x, repeats=5):
     """The fastest of a few runs: the least disturbed by whatever else the machine is doing."""
     f(x)  # warm-up
     times = []
@@ -952,7 +967,9 @@ with torch.no_grad():
 # %% [markdown]
 # Compare the two RNN columns first. They compute the same steps; what the loop adds is a call from Python into
 # PyTorch at every step, and for matrices this small that call costs more than the arithmetic, so most of the
-# loop's time is overhead. `nn.RNN` takes the same $L$ steps without returning to Python between them, but it
+# loop's time is overhead. A fixed cost per call makes the loop's time per step the same at both lengths; if your
+# two per-step times differ much, something else was using the CPU while the cell ran (run it again).
+# `nn.RNN` takes the same $L$ steps without returning to Python between them, but it
 # still takes them one after the other. A CPU timing like this one therefore measures overheads as much as
 # parallelism; what holds on any hardware is the count above: however many cores a machine has, an RNN cannot
 # use them to take its steps at once, while attention's $L^2$ comparisons can all run at the same time.
@@ -1065,9 +1082,9 @@ for label, network in variants.items():
 #   translation models both, linked by cross-attention.
 # * Attention started as **alignment**: score each encoder state against the decoder state, softmax,
 #   and read a weighted average, the context vector.
-# * RNNs are **slow** ($L$ sequential steps, $O(1)$ for attention) and **forgetful** (influence decays
-#   exponentially with distance, at a rate set by the weights: 0.53 per step here, with PyTorch's default
-#   initialisation); attention connects any two positions in one hop.
+# * RNNs are **slow** ($L$ sequential steps, $O(1)$ for attention) and **forgetful**: the influence of a token
+#   changes exponentially with distance, fading or exploding at a rate set by the weights (here it is multiplied by
+#   0.53 per step, with PyTorch's default initialisation); attention connects any two positions in one hop.
 #
 # ## What's next
 #

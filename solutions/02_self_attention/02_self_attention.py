@@ -190,8 +190,10 @@ print(f"q1 . k2 = {q1 @ k2:.0f}")
 # ## 3. Why divide by sqrt(d_k)? Measure it
 #
 # The argument is the one Vaswani et al. give in *Attention Is All You Need* (2017, footnote 4). Suppose the
-# entries of $q$ and $k$ are independent, with mean 0 and variance 1 (roughly what a freshly initialised model
-# produces). Each product $q_m k_m$ then has mean 0 and variance
+# entries of $q$ and $k$ are independent, with mean 0 and variance 1. (That is the paper's idealisation, not what a
+# freshly initialised model produces: PyTorch's default `nn.Linear` draws its weights uniformly in
+# $\pm 1/\sqrt{d_{in}}$, of variance $1/(3 d_{in})$, so from unit-variance inputs each entry of $q$ and $k$ has a
+# variance of about $1/3$, and $\mathrm{Var}(q \cdot k) \approx d_k / 9$. Only the factor $d_k$ matters below.) Each product $q_m k_m$ then has mean 0 and variance
 # $\mathbb{E}[q_m^2]\,\mathbb{E}[k_m^2] = 1$, and the dot product adds $d_k$ independent such terms:
 #
 # $$\mathrm{Var}(q \cdot k) = d_k,$$
@@ -685,8 +687,9 @@ print("outputs unchanged in place:                                ", torch.allcl
 # ## 9. An attention heatmap
 #
 # The weight matrix $A$ is easiest to read as a picture: one row per query token, one column per key token,
-# darker = more attention. Take the sentence Jay Alammar uses in "The Illustrated Transformer" (2018), *the animal
-# didn't cross the street because it was tired*.
+# darker = more attention. Take the sentence Jay Alammar uses in "The Illustrated Transformer" (2018), *The animal
+# didn't cross the street because it was too tired*, without its *too*: *the animal didn't cross the street because
+# it was tired*.
 #
 # A trained model learns $W^Q$ and $W^K$ from data (chapter 07 trains one). To see how a heatmap reads,
 # we build them **by hand** here. Each word gets a few interpretable features, its key advertises those
@@ -936,7 +939,8 @@ plt.show()
 #
 # One set of $W^Q, W^K, W^V$ can only express one notion of relevance at a time. Chapter 03,
 # **multi-head attention**, runs several smaller attentions side by side — like the several filters of a
-# convolutional layer — and combines what they find, for the same number of parameters.
+# convolutional layer — and combines what they find with an output matrix $W^O$: as many parameters in all as one
+# full-width head followed by $W^O$.
 
 # %% [markdown]
 # ## Where you stand

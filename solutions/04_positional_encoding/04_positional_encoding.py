@@ -121,8 +121,9 @@ print("outputs of 他打我 = outputs of 我打他 reversed:", torch.allclose(ou
 # $2\pi \approx 6.3$ positions; each following hand is slower; the last one needs almost
 # $10000 \cdot 2\pi$ positions for one turn. The fast hands tell neighbouring positions apart, the
 # slow ones tell far-apart positions apart, and together the hands never show the same time twice in
-# any sequence we care about. (A binary counter works the same way: the last bit flips every step,
-# the next every two steps, and so on. Sines are the smooth version of those bits.)
+# any sequence we care about. (A binary counter works in a similar way: its last bit flips every step, the
+# next every two steps, each bit half as fast as the one before. Here each hand is slower than the one before by
+# the fixed factor $10000^{2/d_{model}}$ rather than 2, and it turns smoothly where a bit jumps.)
 #
 # Two more properties make this choice attractive: every entry lies in $[-1, 1]$, whatever the
 # position, and the table has no parameters: it is computed, so it exists for any length.
@@ -498,7 +499,8 @@ plt.show()
 # ## 6. Why add, not concatenate?
 #
 # Adding a position vector to a word vector looks like it mixes two unrelated things. Concatenating,
-# $[x \,|\, p]$, would keep them apart. Three observations explain the paper's choice.
+# $[x \,|\, p]$, would keep them apart. The paper (section 3.5) sums them and gives no reason for summing rather
+# than concatenating; the three observations below are this course's case for it.
 #
 # **Concatenation costs width.** Every layer's matrices grow with the square of the width. With
 # $d_{model} = 512$ for the words, concatenating 512 position dimensions doubles the width; even 64
@@ -680,8 +682,10 @@ plt.show()
 
 # %% [markdown]
 # And the limit. This model was built with `max_len = 8`; a sequence of 9 tokens has a position with no
-# row in the table. The sinusoidal model has no such limit (whether it still gives *good* answers at
-# unseen lengths is another question, answered in section 9):
+# row in the table. The sinusoidal formula has no such limit: its table can be computed for any length, with
+# nothing to train (this model computes 1000 rows; the library's module of section 3 refuses inputs longer than
+# the `max_len` it was built with, but a larger `max_len` costs no training). Whether the model still gives *good*
+# answers at unseen lengths is another question, answered in section 9:
 
 # %%
 longer = torch.randint(VOCAB, (1, 9), generator=torch.Generator().manual_seed(10))
@@ -707,8 +711,8 @@ print("sinusoidal, 9 tokens -> output of shape", tuple(sinusoidal_model(longer).
 #   share the vector of $\pm D$ (clipping).
 # * **T5** (Raffel et al., 2020, section 2.1) adds a learned *scalar* per head to each score: $b^{(h)}$ of the
 #   offset's bucket. The buckets are exact for small offsets and logarithmically wider for large ones, up to
-#   128. T5 keeps one such table for the whole model: every layer uses the same biases, and within a layer
-#   each head has its own.
+#   128. T5 shares the table across its layers (the paper says across the whole model; the released code keeps
+#   one table for the encoder and one for the decoder), and within a layer each head has its own biases.
 #
 # This chapter builds the scalar form, a **relative position bias**, with Shaw's simple clipping in place
 # of T5's logarithmic buckets. For head $h$,
@@ -877,8 +881,8 @@ print("head 0, attention of query 3 over the 5 keys:", attention.last_weights[0,
 # | | sinusoidal (absolute) | learned (absolute) | relative bias |
 # |---|---|---|---|
 # | where it acts | added to the input embeddings | added to the input embeddings | added to the attention scores |
-# | parameters | none | `max_len × d_model` | `heads × (2D + 1)` per layer (T5: one table for all layers) |
-# | longest input | any (computed on demand) | `max_len`, a hard limit | any (far offsets are clipped) |
+# | parameters | none | `max_len × d_model` | `heads × (2D + 1)` per layer (T5: one table per stack, shared by its layers) |
+# | longest input | no limit of its own (the table is computed for any length) | `max_len`, a hard limit | any (far offsets are clipped) |
 # | knows "position 5" | yes | yes | no, only offsets |
 # | knows "two to my left" | through the rotation $M_k$, learnable | only if trained at every position | directly |
 # | used in | the original Transformer | BERT, GPT-2, ViT | T5 (Raffel et al. 2020), Swin (chapter 12) |
@@ -1012,8 +1016,12 @@ for length in (16, 32, 64, 128, 256):
 # and the blur's random part shrinks only like $1/\sqrt{L}$ (it is an average of $L - 1$ random tokens)
 # while the signal shrinks like $1/L$. So "offset $-1$ means the same everywhere" holds for the rule the
 # model learned, not for its accuracy: measured here, 1.000 at the training length, 0.984 at twice it, and
-# 0.409 at sixteen times it. A bias table could keep a sharp line at any length only with a gap that grows
-# like $\log L$, which a model trained at one length has no reason to learn.
+# 0.409 at sixteen times it. That is a verdict on this model, trained for 200 steps at one length, whose gap came
+# out at about 1.9: a clipped bias table keeps the weight on the previous token only with a gap that grows like
+# $\log L$, and nothing in training at length 16 asked this model for one. It is not a verdict on relative
+# positions in general: ALiBi (Press, Smith & Lewis, "Train Short, Test Long", 2022) subtracts from each score a
+# penalty that grows with the distance instead of being clipped, and was designed to work on inputs longer than
+# those it was trained on.
 
 # %% [markdown]
 # ## Summary
@@ -1030,10 +1038,11 @@ for length in (16, 32, 64, 128, 256):
 # * **Adding instead of concatenating** saves width; concatenation followed by a linear map is itself an
 #   addition; and in high dimension word and position vectors are nearly orthogonal.
 # * **Learned positions** train well but stop at `max_len`. **Relative position biases** (a scalar per head
-#   and clipped offset, gathered from a table, as in T5, which shares one table across its layers) know only
-#   offsets: they reverse only the ends of a sequence, where the edges reveal the position, and copy the
-#   previous token perfectly at the training length but less well the longer the input, since a fixed bonus
-#   is shared among more keys. Shaw et al.'s relative representations are the vector version, added to keys
+#   and clipped offset, gathered from a table, as in T5, which shares its table across the layers of a stack) know
+#   only offsets: they reverse only the ends of a sequence, where the edges reveal the position. Our small model
+#   copied the previous token perfectly at the training length but less well the longer the input, since its
+#   fixed bonus is shared among more keys (ALiBi, whose penalty grows with the distance, was designed for longer
+#   inputs). Shaw et al.'s relative representations are the vector version, added to keys
 #   and values. Sinusoidal vectors exist at every length, but a model trained on short inputs need not use
 #   them well on long ones.
 #

@@ -84,7 +84,9 @@ torch.set_printoptions(precision=4, sci_mode=False)
 #
 # Differentiate: $\dfrac{\partial y}{\partial x} = I + \dfrac{\partial F}{\partial x}$. Whatever $F$ does, the
 # identity $I$ passes the gradient from $y$ back to $x$ untouched. Through a stack of such layers there is
-# always one path, the chain of shortcuts, along which the gradient is not multiplied by anything at all.
+# always one path, the chain of shortcuts, along which the gradient is not multiplied by anything at all. (As long
+# as nothing else sits on that path: in the Transformer's original arrangement, post-norm, a LayerNorm sits on it
+# after every sub-layer and does scale the gradient; section 5 measures by how much.)
 #
 # **Predict** before running: we build 30 layers, each $F(x) = \tanh(xW + b)$ with PyTorch's default
 # initialisation, once as a plain chain $x \leftarrow F(x)$ and once with shortcuts $x \leftarrow x + F(x)$. We
@@ -140,15 +142,45 @@ plt.show()
 #
 # Where does the factor $10^{7}$ come from? Mostly from the initialisation. `nn.Linear` draws its weights from
 # $U(-1/\sqrt{d}, 1/\sqrt{d})$, of variance $1/(3d)$, so multiplying by $W$ scales a random vector by about
-# $\sqrt{1/3} \approx 0.577$. Between layer 30 and layer 1 the gradient crosses 29 layers; $0.577^{29}$ alone
-# accounts for a factor of $8.3 \times 10^{6}$ of the $1.3 \times 10^{7}$ measured, and the slope of tanh, below 1,
-# for the rest. A deep tanh network would not be initialised that way: Glorot & Bengio (2010) scale the weights
+# $\sqrt{1/3} \approx 0.577$. Between layer 30 and layer 1 the gradient crosses 29 layers, and $0.577^{29}$ alone
+# is a factor of $8.3 \times 10^{6}$. That this is close to the $1.3 \times 10^{7}$ measured is partly a coincidence
+# (the next cell's first lines). A layer's weight gradient is built from two things, the gradient arriving at the
+# layer and the layer's input. The first falls by $3.1 \times 10^{7}$ from layer 30 to layer 1, more than
+# $0.577^{29}$, since the slope of tanh, below 1, shrinks it at every layer too. The second works the other way:
+# it is larger at layer 1 (norm 7.96) than at layer 30 (0.59), since the forward pass crosses the same small
+# weights. The measured $1.3 \times 10^{7}$ comes out of both, and of how the rows of the batch line up, not out of
+# $0.577^{29}$ alone. A deep tanh network would not be initialised that way: Glorot & Bengio (2010) scale the weights
 # so that a vector keeps its size, and for tanh PyTorch's `nn.init.calculate_gain` gives the extra gain $5/3$.
 # **Predict**: with that initialisation, and the same initialisation for the residual chain, how far apart are
 # layer 1's and layer 30's gradients? And with a gain that is too large?
 
 # %%
 print(f"sqrt(1/3) = {3 ** -0.5:.3f};  1 / {3 ** -0.5:.3f} ** 29 = 3 ** 14.5 = {3 ** 14.5 / 1e6:.1f} million")
+
+
+def gradient_factors(n_layers: int = 30, d: int = 64, batch: int = 32):
+    """The plain chain of per_layer_gradients (same seeds, default initialisation), keeping the two things each
+    layer's dLoss/dW is built from: the gradient arriving at its pre-activation x W + b, and its input x."""
+    torch.manual_seed(1)
+    layers = [nn.Linear(d, d) for _ in range(n_layers)]
+    g = torch.Generator().manual_seed(2)
+    x, readout = torch.randn(batch, d, generator=g), torch.randn(d, generator=g)
+    inputs, pre_activations = [], []
+    for layer in layers:
+        inputs.append(x)  # [batch, d]
+        pre_activations.append(layer(x))  # [batch, d]
+        pre_activations[-1].retain_grad()
+        x = torch.tanh(pre_activations[-1])
+    (x @ readout).mean().backward()
+    arriving = [z.grad.norm().item() for z in pre_activations]
+    input_norms = [h.norm(dim=-1).mean().item() for h in inputs]  # mean over the batch
+    return arriving, input_norms
+
+
+arriving, input_norms = gradient_factors()
+print(f"gradient arriving at the layer, layer 30 / layer 1: {arriving[-1] / arriving[0] / 1e7:.1f} x 10^7")
+print(f"norm of the layer's input: layer 1 {input_norms[0]:.2f}, layer 30 {input_norms[-1]:.2f}")
+print()
 tanh_gain = nn.init.calculate_gain("tanh")  # 5/3
 print(f"{'initialisation':<25} | {'plain: layer 30 / layer 1':>25} | {'residual: layer 30 / layer 1':>28}")
 for name, gain in [("nn.Linear's default", None), ("Glorot, gain 1", 1.0), ("Glorot, gain 5/3 (tanh)", tanh_gain),
@@ -195,8 +227,11 @@ for name, gain in [("nn.Linear's default", None), ("Glorot, gain 1", 1.0), ("Glo
 # * $\epsilon$ (PyTorch's default: $10^{-5}$) sits **inside** the square root. It only matters when a vector is
 #   nearly constant, which is exactly when it must keep the division finite.
 #
-# $\gamma$ (initialised to ones) and $\beta$ (zeros) are learned. With them, the layer can undo the
-# normalisation where that helps; without them, every vector would be forced onto the same sphere.
+# $\gamma$ (initialised to ones) and $\beta$ (zeros) are learned: one scale and one shift per feature, shared by every
+# token, so the model chooses each feature's size and offset after the normalisation. They do not undo it: each
+# token's own mean and scale are gone, and parameters shared by all tokens cannot give them back. (BatchNorm's
+# statistics are per feature, so its $\gamma$ and $\beta$ *can* undo its normalisation, $\gamma = \sigma$ and
+# $\beta = \mu$, the argument of Ioffe & Szegedy, 2015, section 3; LayerNorm's statistics are per token.)
 
 # %% [markdown]
 # ### Exercise 1 — `layer_norm`
@@ -443,16 +478,18 @@ for situation, (batch, real) in situations.items():
 
 # %% [markdown]
 # LayerNorm's column is zero in every row: each token is normalised with its own statistics, so nothing else in
-# the tensor can reach it. Plain BatchNorm's output for the *same four tokens* changes in both other situations
-# (by up to 1.44 and 1.91): the padding zeros drag every feature's mean towards 0, and the other sentences
-# bring their own scales. During training the same sentence would be normalised differently from one batch to the
+# the tensor can reach it. Plain BatchNorm's output for the *same four tokens* changes in each of the three other
+# situations (by up to 1.44, 1.91 and 1.82): the padding zeros drag every feature's mean towards 0, and the other
+# sentences bring their own scales. The reference, "alone", is itself BatchNorm over A's four tokens only, the
+# noisiest estimate of all (four values per feature): no row holds the "right" statistics, and what the table
+# measures is how much A's output depends on the batch it is in. During training the same sentence would be normalised differently from one batch to the
 # next, depending on its neighbours and on how much padding the longest of them forced.
 #
 # Masking the padding out of BatchNorm's statistics fixes the second row but not the third (by up to 2.16): the
 # statistics still mix sentences. With neighbours of A's own scale (last row) the changes are hardly smaller, 1.82
-# unmasked and 1.49 masked: the exaggerated scales are not what creates the effect. A batch of 13 real tokens gives
-# noisy estimates of a feature's mean and variance, and A's four tokens are normalised with whatever this batch's
-# estimates happen to be. LayerNorm avoids all of it: the same computation at training and at test time, for batches of any size, one
+# unmasked and 1.49 masked: the exaggerated scales are not what creates the effect. Each batch gives its own noisy
+# estimates of a feature's mean and variance (from A's 4 tokens alone, from 13 real tokens with B and C), and A's
+# four tokens are normalised with whatever this batch's estimates happen to be. LayerNorm avoids all of it: the same computation at training and at test time, for batches of any size, one
 # sentence at a time if need be.
 
 # %% [markdown]
@@ -677,9 +714,9 @@ print("pre-norm: ", add_and_norm_impl(x4, lambda y: 2 * y, torch.ones(4), torch.
 #
 # The paper trained its post-norm model with a **learning-rate warm-up**: the learning rate grows linearly over
 # the first 4000 steps before it decays (chapter 07 implements that schedule). Without warm-up, post-norm
-# Transformers often diverge early in training. Pre-norm models train with a much shorter warm-up or none,
-# and stack far more layers. Xiong et al. (2020, "On Layer Normalization in the Transformer Architecture")
-# traced the difference to the gradients at initialisation. Let us measure them.
+# Transformers often diverge early in training. Xiong et al. (2020, "On Layer Normalization in the Transformer
+# Architecture") trained pre-norm Transformers without any warm-up, and traced the difference to the gradients at
+# initialisation. Let us measure them.
 #
 # We build 12 encoder layers (the library's `EncoderLayer`, $d_{model} = 32$, 4 heads, $d_{ff} = 128$, Glorot
 # initialisation) in both forms, feed a random batch, take a mean-squared error against random targets, and
@@ -837,15 +874,19 @@ print("pre-norm  |grad W2|:          " + " ".join(f"{v:6.3f}" for v in wide_pre)
 # initialisation, so the first steps at the full learning rate move its top layers a lot and training can blow up;
 # a warm-up keeps the first steps small. Their account is one of several, and it has a weak point: Transformers are
 # trained with Adam, which divides each parameter's gradient by a running estimate of that gradient's own size,
-# so its steps hardly depend on the gradient's scale. Its first step even moves every parameter by exactly the
-# learning rate, whatever the gradient (next cell). Liu et al. (2020, "Understanding the Difficulty of Training
+# so its steps hardly depend on the gradient's scale. Its first step moves each parameter by the learning rate
+# times $|g| / (|g| + \epsilon)$, with $\epsilon = 10^{-8}$ by default: by the learning rate itself, whatever the
+# gradient's scale, unless the gradient is tiny (next cell). Liu et al. (2020, "Understanding the Difficulty of Training
 # Transformers") argue that the gradients' scale is not the main cause: balancing the gradients alone does not
 # make post-norm train stably. They point instead to post-norm's heavy dependence on its residual branches, which
 # amplifies small changes of the parameters into large changes of the output. Another account (Liu et al., 2020,
 # "On the Variance of the Adaptive Learning Rate and Beyond") blames Adam itself: in the first steps its estimate
-# of each gradient's size rests on too few gradients. What nobody disputes is the practice: pre-norm models train
-# with a short warm-up or none, and stacks of dozens of layers train without tricks, which is why GPT-2, GPT-3 and
-# most large models since are pre-norm. Pre-norm has its price too: Liu et al. ("Understanding the Difficulty")
+# of each gradient's size rests on too few gradients. In practice pre-norm stacks of dozens of layers train where
+# post-norm ones need care, one reason why GPT-2, GPT-3 and most large models since are pre-norm. They still use a
+# warm-up (GPT-3: Brown et al., 2020, appendix B; LLaMA: Touvron et al., 2023, section 2.3), and at the largest
+# scales they are not trouble-free either: PaLM's loss spiked again and again during training (Chowdhery et al.,
+# 2022, section 5.1), and ViT-22B normalises its queries and keys because attention scores grown too large made
+# its training diverge (Dehghani et al., 2023). Pre-norm has its price too: Liu et al. ("Understanding the Difficulty")
 # report that post-norm, when it does train stably, often reaches slightly better results, and at the paper's
 # depth of six layers, post-norm with a warm-up works well.
 
@@ -1086,10 +1127,11 @@ print(f"about {count_parameters(base_encoder) / 1e6:.1f} million")
 # ## Summary
 #
 # * A **residual connection** computes $x + F(x)$. Its Jacobian $I + \partial F/\partial x$ gives the gradient a
-#   path through the stack on which it is never shrunk. In a 30-layer tanh chain with `nn.Linear`'s default
-#   initialisation the first layer's gradient was about $10^{-7}$ times the last layer's, and of the same order with
-#   shortcuts; that loss was mostly the initialisation's, and the shortcut kept the gradient's size under every
-#   initialisation tried. Residual networks (He et al., 2016) made stacks of a hundred layers and more trainable.
+#   path through the stack on which nothing multiplies it, as long as nothing else sits on that path (in post-norm a
+#   LayerNorm does, section 5). In a 30-layer tanh chain with `nn.Linear`'s default initialisation the first
+#   layer's gradient was about $10^{-7}$ times the last layer's, and of the same order with shortcuts; that loss was
+#   mostly the initialisation's. Across the four initialisations tried, the plain chain's ratio of the two spanned
+#   ten orders of magnitude, the residual chain's less than two. Residual networks (He et al., 2016) made stacks of a hundred layers and more trainable.
 # * **LayerNorm** (Ba et al., 2016) normalises each token's feature vector by itself: mean and *biased* variance over
 #   the last dimension, $\epsilon$ inside the square root, then $\gamma \hat{x} + \beta$. The Annotated
 #   Transformer's `x.std() + eps` is a slightly different function.

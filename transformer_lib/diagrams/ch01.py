@@ -38,7 +38,7 @@ def draw_encoder_decoder(source: str = "she is eating a green apple", target: st
     ax.add_patch(_frame(6.6, 2.3, 4.8, 4.3))
     ax.text(6.75, 6.35, "Decoder layer  × N", fontsize=9, weight="bold", va="center")
     dec_in = box(ax, 7.0, 1.0, 4.0, 0.8, "word vectors + positions", "neutral", fontsize=9)
-    dec_self = box(ax, 7.0, 2.6, 4.0, 0.9, "masked self-attention\n(only earlier words)", "attention", fontsize=9)
+    dec_self = box(ax, 7.0, 2.6, 4.0, 0.9, "masked self-attention\n(itself and earlier words)", "attention", fontsize=9)
     dec_cross = box(ax, 7.0, 3.9, 4.0, 0.9, "cross-attention: queries from here,\nkeys and values from the encoder", "key",
                     fontsize=8.5)
     dec_ffn = box(ax, 7.0, 5.2, 4.0, 0.9, "feed-forward network", "ffn", fontsize=9)
