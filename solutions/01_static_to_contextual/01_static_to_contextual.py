@@ -323,8 +323,8 @@ for word in ["exception", "true"]:
 # orthonormal columns in $U$ and $V$ and the singular values in $S$ sorted from largest to smallest.
 # Keeping only the first $k$ columns gives the best rank-$k$ approximation of $M$, and the rows of
 # $U_k S_k^{1/2}$ are $k$-dimensional word vectors. (The exponent $1/2$ instead of 1 is a choice made by
-# experiment, not derived: Levy et al., 2015, section 3.3, treat the exponent as a setting to tune, and advise
-# against 1 after $1/2$ and 0 worked better in their tests.)
+# experiment, not derived: Levy et al., 2015, section 3.3, treat the exponent as a setting to tune; in their
+# tests 1, the "correct" SVD, did worse than $1/2$ and 0, and they advise against it.)
 # `svd_vectors` in the library does this with `torch.linalg.svd`.
 #
 # One variant of word2vec is closely related: **skip-gram with negative sampling** (SGNS). Levy and
