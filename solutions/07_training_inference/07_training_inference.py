@@ -466,9 +466,10 @@ for text, out in zip(["3 Mar 2021", "Wed, 3 Mar 2021"], untrained_out):
 # Which tokens share $\varepsilon$? Not `<pad>`: it is never a correct next token. And not the correct token,
 # which has its own share. So each of the other $V - 2$ tokens gets $\varepsilon / (V - 2)$. A position whose
 # target *is* `<pad>` is not a real position at all: its whole row is zero, and it adds nothing to the loss.
-# (This is the Annotated Transformer's version. PyTorch's `cross_entropy(..., label_smoothing=ε)` is slightly
-# different: it spreads $\varepsilon / V$ over *all* $V$ tokens, `<pad>` and the correct one included. We
-# compare the two below.)
+# (This is the Annotated Transformer's variant. The original form, Szegedy et al.'s ("Rethinking the Inception
+# Architecture for Computer Vision", 2016, section 7), spreads $\varepsilon / V$ over *all* $V$ tokens, `<pad>` and
+# the correct one included, and it is what PyTorch's `cross_entropy(..., label_smoothing=ε)` computes. We compare
+# the two below.)
 #
 # A picture says it faster. A vocabulary of 8 tokens, `<pad>` = 0, and a target of three tokens and two pads:
 
@@ -759,9 +760,12 @@ print("decoder input", list(batch.decoder_input.shape), " target", list(batch.ta
 # with steps counted from 1 and $\mathrm{warmup} = 4000$. For the first $\mathrm{warmup}$ steps the second term is
 # the smaller one: the rate grows **linearly** from almost 0. Then the first term takes over, and the rate
 # **decays** as $1/\sqrt{\mathrm{step}}$. The two meet at $\mathrm{step} = \mathrm{warmup}$, the peak. Why start
-# small? At the start the weights are random and Adam's running estimates of the gradients' size rest on only a
-# few steps; large steps then can throw the model into a bad region it never leaves. A Transformer with its
-# LayerNorm after the residual sum (the paper's post-norm, chapter 05) is known to need this warm-up most.
+# small? The accounts differ (chapter 05 sets them side by side). Xiong et al. ("On Layer Normalization in the
+# Transformer Architecture", 2020) blame the large gradients near the output of a post-norm stack at the start;
+# Liu et al. ("On the Variance of the Adaptive Learning Rate and Beyond", 2020) blame Adam's estimates of each
+# gradient's size, which rest on only a few steps at first. What is observed is that a Transformer with its
+# LayerNorm after the residual sum (the paper's post-norm, chapter 05) trains badly without a warm-up, while
+# Xiong et al. train pre-norm ones without one.
 #
 # ### Exercise 6 — `noam_learning_rate`
 # > **Difficulty** ●○○ · **Importance** ●●○ · about 5 minutes
@@ -854,9 +858,11 @@ print(f"paper's peak: {noam_learning_rate_impl(4000, 512, 4000) * 1e4:.2f} x 10^
 #   causal-and-padding mask, and the model returns log-probabilities `[batch, T, V]`;
 # * it computes the loss against `target` (section 5) and **back-propagates** it, which fills every `.grad`;
 # * it **clips** the gradient's norm to `max_norm`: if the gradients of all the weights, taken as one long vector,
-#   are longer than `max_norm`, they are scaled down to that length, a cheap guard against a rare huge step.
-#   PyTorch's `torch.nn.utils.clip_grad_norm_` does it, given the parameters and the threshold. Clipping changes
-#   the gradients, so it only helps between the moment they are made and the moment they are used;
+#   are longer than `max_norm`, they are scaled down to that length. Under Adam a step's size hardly depends on
+#   the gradient's (chapter 05), so what clipping limits is the weight of one outlier gradient in Adam's running
+#   averages of the gradient and of its square, which shape the steps after it. PyTorch's
+#   `torch.nn.utils.clip_grad_norm_` does it, given the parameters and the threshold. Clipping changes the
+#   gradients, so it only helps between the moment they are made and the moment they are used;
 # * it lets the **optimizer** update the weights from the gradients;
 # * it lets the **scheduler** set the learning rate of the *next* step (section 7).
 #
@@ -1174,8 +1180,9 @@ claim(first_slip[0] == first_slip[1] and extra_errors[i] >= 2,
 # %% [markdown]
 # In the example, the first wrong character sends free running down another path: what it writes next fits its
 # own mistake rather than the source. In this task the source pins down every character, so the decoder can often
-# recover after a slip by looking at the source again; in open-ended generation (chapter 10) a slip changes what the text is about, and the
-# damage compounds. The fully trained model barely meets the problem:
+# recover after a slip by looking at the source again. In open-ended generation (chapter 10) nothing pins the text
+# down, and how much a slip hurts there is debated: He et al. ("Exposure Bias versus Self-Recovery", EMNLP 2021)
+# find that language models often recover from it. The fully trained model barely meets the problem:
 
 # %% tags=["nbval-ignore-output", "skip-when-grading"]
 _, _, forced_acc_final, free_acc_final = per_position_accuracy(model)
@@ -1705,6 +1712,6 @@ exercise_summary(check_top_k_filter, check_greedy_decode, check_label_smoothed_t
 # | length penalty | 长度惩罚 | divides a hypothesis's log-probability by $((5 + \lvert Y \rvert)/6)^\alpha$ so long outputs can compete |
 # | top-k sampling | Top-k 采样 | sample the next token among the k most probable ones only |
 # | temperature | 温度 | divides the logits before the softmax: < 1 sharper, > 1 flatter |
-# | encoder memory | 编码器记忆 | the encoder's output, computed once per sentence and read by every decoder layer |
+# | encoder memory | 编码器输出（memory） | the encoder's output, computed once per sentence and read by every decoder layer |
 # | KV cache | KV 缓存 | the keys and values of earlier positions, kept between decoding steps |
 # | data parallelism | 数据并行 | several model copies each process a share of the batch and average gradients (DDP) |

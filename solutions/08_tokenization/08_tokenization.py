@@ -907,11 +907,11 @@ print([piece for piece, _ in pre_tokenizers.BertPreTokenizer().pre_tokenize_str(
 # Chinese BERT", 2021) keep that character vocabulary: they only choose which characters to hide by words, hiding
 # all the characters of a word at once, and the model still predicts characters.
 #
-# That is the BERT era's choice, not a rule for Chinese. Today's Chinese large language models (Baichuan 2 and
-# ChatGLM, for two) cut their text with subword vocabularies several times the size of Chinese BERT's, learned
-# from a great deal of Chinese text, and those vocabularies hold many words of two or more characters as single
-# tokens: on Chinese text, their tokens hold more than one character each on average. Finding word boundaries is
-# still ambiguous, but a subword tokenizer does not need to find them: it merges whatever strings are frequent,
+# That is the BERT era's choice, not a rule for Chinese. Today's Chinese large language models cut their text
+# with subword vocabularies learned from a great deal of Chinese text and several times the size of Chinese BERT's
+# (Baichuan 2's has 125,696 tokens: Yang et al., 2023, "Baichuan 2: Open Large-scale Language Models"), and such a
+# vocabulary can hold a word of two or more characters as a single token. Finding word boundaries is still
+# ambiguous, but a subword tokenizer does not need to find them: it merges whatever strings are frequent,
 # as BPE does in English, and every merge shortens the text the model reads (section 7 counts what that saves).
 #
 # ## 7. The attention bill
@@ -1100,8 +1100,8 @@ for vocab_size, width in [(4000, 512), (30000, 1024), (50257, 768)]:
 # the first place, which depends on how the table was **initialised**. Three common choices:
 #
 # * `nn.Embedding`'s default: every entry $\mathcal{N}(0, 1)$;
-# * $\mathcal{N}(0, 1/d_{model})$, the choice of tied-weight models such as fairseq's Transformer, where the table
-#   doubles as the output layer and starts at a linear layer's size;
+# * $\mathcal{N}(0, 1/d_{model})$, the choice of the paper's own code, tensor2tensor (whose `SymbolModality` draws
+#   every embedding table so, shared with the output layer or not), and of fairseq's Transformer;
 # * Xavier (Glorot) uniform, which the library's `EncoderDecoder` applies to every matrix, embeddings included.
 #
 # The sinusoidal positional encoding (chapter 04) has a fixed size: each (sin, cos) pair contributes
@@ -1200,11 +1200,12 @@ plt.show()
 #   token 32 times the position at $d = 512$, and the position is lost: about 1% found here, at most 3% on every
 #   CPU we tried, where chance is 0.4%. Here the scale **hurts**, and the model would have to learn to shrink its
 #   embeddings to see word order.
-# * **$\mathcal{N}(0, 1/d)$, the tied-weight initialisation.** The token vector has norm $\approx 1$ against the
-#   position's 16, and the token drowns (at most 5% found). The scale brings it to $\sqrt{d}$, the same size as the
-#   position, and both survive: exactly the $\mathcal{N}(0, 1)$ row without scale. This is the case the
-#   scale was made for: a table small enough to serve as the output layer, made large enough to hold its own
-#   against the positions.
+# * **$\mathcal{N}(0, 1/d)$.** The token vector has norm $\approx 1$ against the position's 16, and the token
+#   drowns (at most 5% found). The scale brings it to $\sqrt{d}$, $\sqrt{2}$ times the position's $\sqrt{d/2}$
+#   (at $d = 512$, $\sqrt{512}$ against $\sqrt{256} = 16$), and both survive: exactly the $\mathcal{N}(0, 1)$ row without scale. The
+#   paper gives no reason for the scale, but this is the pairing its code uses: tensor2tensor draws its embedding
+#   tables from $\mathcal{N}(0, 1/d_{model})$ and multiplies them by $\sqrt{d_{model}}$ when the hyperparameter
+#   `multiply_embedding_mode` is `"sqrt_depth"`, its default.
 # * **Xavier uniform** on a `[4000, d]` table gives entries of variance $2/(4000 + d)$, smaller still, and the
 #   scale again rescues the token (from at most 1% to at least 99% at $d = 512$). At $d = 64$ it is not enough:
 #   about 4% of the tokens are found here, at most 10% on every CPU we tried. The Xavier table shrinks as the
@@ -1238,7 +1239,8 @@ plt.show()
 #   (`ked` with 4,000).
 # * **Chinese** through an English byte-level BPE costs 3 tokens per character. Chinese BERT
 #   (`bert-base-chinese`, 21,128 tokens) uses the character as the token; today's Chinese large language models
-#   use subword vocabularies whose tokens hold more than one character on average.
+#   use subword vocabularies several times larger, learned from Chinese text, which can hold a word of several
+#   characters as one token.
 # * The **embedding table** is a lookup that equals one-hot rows times the table; only the rows of the tokens
 #   present get a gradient, but Adam's running averages and AdamW's weight decay move other rows too.
 # * The **sqrt(d_model) scale** balances the token against the position when the table starts small
@@ -1272,7 +1274,7 @@ exercise_summary(check_oov_rate, check_pair_counts, check_merge_pair, check_trai
 # | English | 中文 | Meaning |
 # |---|---|---|
 # | tokenizer | 分词器 | cuts text into tokens from a fixed vocabulary and maps them to ids |
-# | token | 词元 / token | one piece of text the model reads: a word, a subword, a character or a byte |
+# | token | 词元 | one piece of text the model reads: a word, a subword, a character or a byte |
 # | vocabulary | 词表 | the fixed list of tokens; a token's position in it is its id |
 # | out-of-vocabulary (OOV) | 未登录词 / 词表外词 | a word the vocabulary lacks, replaced by `<unk>` in a word-level model |
 # | subword | 子词 | a piece of a word, e.g. `ing`; frequent words stay whole, rare ones are spelled from subwords |
@@ -1282,7 +1284,7 @@ exercise_summary(check_oov_rate, check_pair_counts, check_merge_pair, check_trai
 # | byte-level BPE | 字节级 BPE | BPE over the 256 UTF-8 byte values (GPT-2): no string is ever unknown |
 # | WordPiece | WordPiece | BERT's subword method (Schuster & Nakajima 2012; Wu et al. 2016); encodes by longest match |
 # | greedy longest-match-first | 贪心最长匹配 | take the longest vocabulary piece that fits, then go on right after it |
-# | continuation piece (`##`) | 词内后续子词（`##` 前缀） | a WordPiece token that continues a word, marked `##` |
+# | continuation piece (`##`) | 词内后续词片（`##` 前缀） | a WordPiece token that continues a word, marked `##` |
 # | unknown token `[UNK]` | 未知词元 `[UNK]` | the one token for what the vocabulary cannot cover; WordPiece gives it to the whole word |
 # | character-level tokenization | 按字切分 / 字级别分词 | one token per character, as Chinese BERT does for Chinese |
 # | embedding table / matrix | 嵌入矩阵 / 词嵌入表 | `[vocab, d_model]` parameters; token i's vector is row i |

@@ -166,9 +166,10 @@ plt.show()
 # and the dispatch of every operator the readable path calls. A constant added to $c \cdot n^2$ makes the line
 # *flatter* where the $n^2$ part is still small, so from 256 to 512 tokens the time usually grows by less than the
 # memory does, and the slope read there would understate the quadratic law. That is why the slopes are fitted on
-# $n \ge 1024$ only. There the time slope comes out at about 2 or even above: on top of the $n^2$ work, a matrix of
-# many megabytes no longer fits in the processor's cache, so each of its numbers also costs more to touch. Both
-# effects depend on your processor and on what else it is doing; the memory does not.
+# $n \ge 1024$ only. There the time slope comes out at about 2, often above. Why it can exceed 2, this notebook does
+# not measure: the time it counts, `time.process_time`, adds up the CPU time of all of PyTorch's threads, and how
+# well they share the work can change with $n$, as can how often a large matrix misses the processor's cache. The
+# times depend on your processor and on what else it is doing; the memory does not.
 #
 # A decoder does not help much. Prince (section 12.9) draws the interaction matrix: an encoder's is full, a
 # decoder's is the lower triangle, about half the pairs. Half of $n^2$ is still $n^2$ growth.
@@ -884,12 +885,13 @@ plt.show()
 # of $\phi(c\,x)$ is $c\,x + 1$ where $x > 0$, and $e^{c\,x}$, which tends to 0, where $x < 0$; so $\phi(c\,q) / c$
 # tends to $\mathrm{relu}(q)$. The factor $c$ cancels between numerator and denominator, and the weights of query
 # $q$ tend to a fixed row, $\mathrm{relu}(q) \cdot \phi(k_j) / \sum_{j'} \mathrm{relu}(q) \cdot \phi(k_{j'})$,
-# instead of to a one-hot row as softmax's do. Whatever features a model learns, there is a second limit: the
-# matrix $\phi(Q)\phi(K)^\top$ is an $n \times d$ matrix times a $d \times n$ one, so its rank is at most $d$, and
-# dividing each row by its sum keeps it so. A weight matrix in which $n > d$ queries each put nearly all their
-# weight on a different key is close to a permutation matrix, and no matrix of rank at most $d$ comes close to a
-# permutation matrix of size $n > d$: in the Frobenius norm it stays at least $\sqrt{n - d}$ away, out of the
-# permutation's own $\sqrt{n}$ (Eckart & Young, 1936, "The approximation of one matrix by another of lower rank").
+# instead of to a one-hot row as softmax's do. Whatever features a model learns, there is a second limit. If $\phi$
+# maps a vector to $m$ features ($m = d$ for elu + 1; random-feature methods such as Performer choose their own
+# $m$), the matrix $\phi(Q)\phi(K)^\top$ is an $n \times m$ matrix times an $m \times n$ one, so its rank is at
+# most $m$, and dividing each row by its sum keeps it so. A weight matrix in which $n > m$ queries each put nearly
+# all their weight on a different key is close to a permutation matrix, and no matrix of rank at most $m$ comes
+# close to a permutation matrix of size $n > m$: in the Frobenius norm it stays at least $\sqrt{n - m}$ away, out
+# of the permutation's own $\sqrt{n}$ (Eckart & Young, 1936, "The approximation of one matrix by another of lower rank").
 # Softmax takes the exponential of each score separately, which does not keep the rank of $Q K^\top$. Both limits,
 # measured on the same 256 tokens:
 
@@ -920,8 +922,8 @@ claim(rank_lin <= D < rank_soft, f"the linear weights have rank at most d = {D},
 # A trained linear-attention model learns features that make its similarity useful, and on some tasks it does
 # well: Katharopoulos et al. (2020) report image generation about as good as with softmax attention, and speech
 # recognition better than their recurrent and Reformer baselines, though behind softmax attention. The limits above
-# are what it pays for its linear cost: a query cannot be sharpened by scaling it, and more than $d$ queries cannot
-# each attend sharply to a different key at once.
+# are what it pays for its linear cost: a query cannot be sharpened by scaling it, and more than $m$ queries (here
+# $m = d$) cannot each attend sharply to a different key at once.
 #
 # Measured cost (the non-causal form):
 
@@ -1194,7 +1196,8 @@ for method in ["dense", "banded", "linear", "online"]:
 #   position; run as an RNN, the recurrent form you wrote, it keeps one state $(S, z)$ and updates it before each
 #   read. It is a different model, not an approximation of softmax attention (random
 #   features, as in Performer, would approximate it): on random inputs its weights stay close to uniform where
-#   softmax attention is sharp, scaling a query does not sharpen them, and its weight matrix has rank at most $d$.
+#   softmax attention is sharp, scaling a query does not sharpen them, and its weight matrix has rank at most its
+#   number of features $m$ ($d$ for elu + 1).
 # * The **online softmax** keeps a running maximum and sum and rescales when the maximum grows. It is exact, never
 #   holds the $n \times n$ matrix, and does the same arithmetic: FlashAttention wins on memory traffic. Tiling
 #   the keys only, as the course's loop does, leaves memory growing like $n$; FlashAttention and PyTorch's fused
@@ -1228,7 +1231,7 @@ exercise_summary(check_sliding_window_mask, check_dilated_mask, check_global_tok
 # | sliding-window attention | 滑动窗口注意力（局部注意力） | each token attends to its neighbours within $w$ positions |
 # | dilated window | 膨胀（空洞）窗口 | a window with gaps: keys $r$ positions apart, reach $w \cdot r$ |
 # | global attention | 全局注意力 | selected positions whose rows and columns are all on |
-# | global token | 全局 token | an extra token, standing for no word, connected to every token |
+# | global token | 全局词元 | an extra token, standing for no word, connected to every token |
 # | receptive field | 感受野 | the inputs that can influence an output after $L$ layers |
 # | banded attention | 带状注意力 | the sliding window computed only inside the band, $O(n w)$ |
 # | block, span | 分块，键区间 | a run of consecutive queries, and the keys its band can reach |
